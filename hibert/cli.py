@@ -1,0 +1,107 @@
+"""`hibert` — the one command. Subcommands load the typed config and hand it to their package.
+
+Heavy imports (torch, deepspeed, mlflow) happen inside the handlers so `hibert --help` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+from hibert.config import ConfigError, dump_yaml, load_config
+
+# name -> (module:function, one-line help, takes a config)
+COMMANDS: dict[str, tuple[str, str, bool]] = {
+    "prep": ("data_prep.cli:run", "Turn raw corpora into segmented, SentencePiece-encoded, memory-mapped shards "
+             "with a manifest (stanza segmentation, oracle labels, sharded/resumable).", True),
+    "pretrain": ("pretrain.cli:run", "Masked-sentence pretraining of a HIBERT encoder with DeepSpeed ZeRO "
+                 "(open-domain or in-domain stage), checkpointed, resumable, tracked in MLflow.", True),
+    "finetune": ("finetune.cli:run_finetune", "Finetune an encoder from the registry (or a path) for extractive "
+                 "summarization; keeps the best checkpoint by validation ROUGE.", True),
+    "evaluate": ("finetune.cli:run_evaluate", "ROUGE evaluation with bootstrap confidence intervals next to "
+                 "Lead-3 and the oracle; writes a Markdown/JSON report and a chart.", True),
+    "summarize": ("finetune.cli:run_summarize", "Summarize raw text (a file, JSONL of documents, or - for stdin) "
+                  "with a finetuned model.", True),
+    "submit": ("slurm.submit:run", "Render sbatch scripts for a recipe and submit the staged chain "
+               "(prep -> merge -> pretrain -> finetune -> evaluate) to Slurm.", True),
+    "registry": ("hibert.registry_cli:run", "List or show encoders registered in the MLflow model registry.", False),
+}
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", default=None,
+                   help="recipe YAML (a path, or the name of one in configs/recipes); defaults if omitted")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="dotted overrides, e.g. model.hidden=512 optimizer.lr=1e-4")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hibert", description="Pretrain and finetune hierarchical document encoders (HIBERT).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (target, help_text, takes_config) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if takes_config:
+            _add_config_args(p)
+        extra = _resolve(target, "add_arguments", optional=True)
+        if extra is not None:
+            extra(p)
+    return parser
+
+
+def _resolve(target: str, attr: str | None = None, optional: bool = False) -> Callable | None:
+    """Import `module:function` (or a sibling attribute, e.g. the module's `add_arguments`)."""
+    module_name, _, func = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if optional and e.name == module_name:
+            return None
+        raise
+    fn = getattr(module, attr or func, None)
+    if fn is None and not optional:
+        raise SystemExit(f"hibert: {module_name}.{attr or func} is missing")
+    return fn
+
+
+def _split_config_and_overrides(args: argparse.Namespace) -> None:
+    # argparse puts a first `key=value` into `config`; move it to the overrides.
+    if getattr(args, "config", None) and "=" in args.config:
+        args.overrides = [args.config, *args.overrides]
+        args.config = None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    target, _, takes_config = COMMANDS[args.command]
+    cfg = None
+    if takes_config:
+        _split_config_and_overrides(args)
+        try:
+            cfg = load_config(args.config, args.overrides)
+        except ConfigError as e:
+            print(f"hibert {args.command}: {e}", file=sys.stderr)
+            return 2
+        if args.print_config:
+            print(dump_yaml(cfg), end="")
+            return 0
+    try:
+        handler = _resolve(target)
+    except ModuleNotFoundError as e:
+        if e.name != target.partition(":")[0]:
+            raise
+        print(f"hibert {args.command}: not available in this installation ({e.name} is missing)", file=sys.stderr)
+        return 2
+    if not takes_config:
+        return int(handler(args) or 0)
+    return int(handler(cfg, args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

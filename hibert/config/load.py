@@ -1,0 +1,183 @@
+"""Load a recipe YAML into the typed `Config`: section includes, dotted overrides, readable errors.
+
+A section in a recipe may be a mapping, or a string naming a YAML file that holds the section
+(`model: hibert_s` -> configs/model/hibert_s.yaml; a path relative to the recipe also works).
+Overrides are `dotted.key=value`; the value is parsed as YAML (`1e-4`, `true`, `[0.9, 0.98]`).
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from hibert.config.schema import Config
+
+RESOLVED_NAME = "config.resolved.yaml"
+
+
+class ConfigError(ValueError):
+    """A config problem, with a message that names the file and key."""
+
+
+def configs_root() -> Path:
+    """The shipped configs/ folder (override with $HIBERT_CONFIG_DIR)."""
+    env = os.environ.get("HIBERT_CONFIG_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "configs"
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def _resolve_include(section: str, ref: str, base_dir: Path | None) -> dict[str, Any]:
+    candidates = []
+    name = ref if ref.endswith((".yaml", ".yml")) else f"{ref}.yaml"
+    if base_dir is not None:
+        candidates += [base_dir / name, base_dir / section / name]
+    candidates += [configs_root() / section / name, configs_root() / name, Path(name)]
+    for c in candidates:
+        if c.is_file():
+            return _read_yaml(c)
+    avail = sorted(p.stem for p in (configs_root() / section).glob("*.yaml"))
+    raise ConfigError(f"{section}: no config named {ref!r} (looked in {[str(c) for c in candidates[:3]]}); "
+                      f"shipped {section} configs: {avail}")
+
+
+def _resolve_sections(raw: dict[str, Any], base_dir: Path | None) -> dict[str, Any]:
+    for key in list(raw):
+        if key in Config.model_fields and isinstance(raw[key], str):
+            raw[key] = _resolve_include(key, raw[key], base_dir)
+    return raw
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not of the form dotted.key=value")
+    key, _, value = item.partition("=")
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {item!r}: empty key")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError:
+        parsed = value
+    if isinstance(parsed, str):  # YAML 1.1 reads "1e-4" as a string; numbers are nicer
+        try:
+            parsed = float(parsed) if any(c in parsed for c in ".eE") else parsed
+        except ValueError:
+            pass
+    return key.split("."), parsed
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str], base_dir: Path | None) -> dict[str, Any]:
+    for item in overrides:
+        path, value = parse_override(item)
+        if len(path) == 1 and path[0] in Config.model_fields and isinstance(value, str):
+            raw[path[0]] = _resolve_include(path[0], value, base_dir)
+            continue
+        node = raw
+        for i, part in enumerate(path[:-1]):
+            nxt = node.get(part)
+            if isinstance(nxt, str) and i == 0 and part in Config.model_fields:
+                nxt = _resolve_include(part, nxt, base_dir)
+            if nxt is None:
+                nxt = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {item!r}: {'.'.join(path[:i + 1])} is not a section")
+            node[part] = nxt
+            node = nxt
+        node[path[-1]] = value
+    return raw
+
+
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """Valid field names of the section at `loc` (walking nested models and lists)."""
+    model: Any = Config
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if isinstance(model, type) else None
+        if field is None:
+            return []
+        ann = field.annotation
+        if get_origin(ann) is list:
+            ann = get_args(ann)[0]
+        model = ann
+    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+
+
+def format_validation_error(err: ValidationError, origin: str) -> str:
+    lines = [f"invalid config ({origin}):"]
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        key = ".".join(str(p) for p in loc)
+        if e["type"] == "extra_forbidden":
+            valid = _fields_at(loc[:-1])
+            close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
+            parent = ".".join(str(p) for p in loc[:-1])
+            hint = f"; did you mean '{parent + '.' if parent else ''}{close[0]}'?" if close else ""
+            lines.append(f"  {key}: unknown key{hint} (valid keys here: {', '.join(valid)})")
+        else:
+            got = e.get("input")
+            got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+            lines.append(f"  {key or '<root>'}: {e['msg']}{got_s}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Recipe file (or defaults when None) + dotted overrides -> validated Config."""
+    base_dir = None
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file() and not p.suffix and (configs_root() / "recipes" / f"{p}.yaml").is_file():
+            p = configs_root() / "recipes" / f"{p}.yaml"  # `hibert pretrain demo` finds the shipped recipe
+        raw = _read_yaml(p)
+        base_dir = p.parent
+    origin = str(path) if path else "defaults"
+    raw = _resolve_sections(raw, base_dir)
+    raw = apply_overrides(raw, overrides or [], base_dir)
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, origin + (f" + overrides {overrides}" if overrides else ""))) from None
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    return cfg.model_dump(mode="json")
+
+
+def dump_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+
+
+def config_hash(cfg: Config) -> str:
+    """Stable hash of the resolved config (recorded in checkpoints to catch mismatched resumes)."""
+    blob = json.dumps(config_to_dict(cfg), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def save_resolved(cfg: Config, out_dir: str | Path) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / RESOLVED_NAME
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(dump_yaml(cfg), encoding="utf-8")
+    tmp.replace(target)
+    return target

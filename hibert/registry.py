@@ -1,0 +1,79 @@
+"""MLflow tracking URI resolution and the model registry (encoders of each stage, finetuned models).
+
+Weights are stored as safetensors + config JSON run artifacts and registered from there: pickle-free,
+and `models:/hibert-encoder@in-domain` resolves to a local directory that any command can load.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+DEFAULT_DB = "mlflow.db"
+
+
+def tracking_uri(configured: str | None, output_dir: str | Path = "runs") -> str:
+    """Config value, else $MLFLOW_TRACKING_URI, else a local sqlite file under the output dir."""
+    if configured:
+        return configured
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    db = Path(output_dir).resolve() / DEFAULT_DB
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{db}"
+
+
+def client(uri: str) -> Any:
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def register_artifact_dir(uri: str, run_id: str, artifact_path: str, name: str, alias: str | None,
+                          tags: dict[str, str] | None = None) -> str:
+    """Register `runs:/<run_id>/<artifact_path>` as a new version of `name`; point `alias` at it."""
+    c = client(uri)
+    try:
+        c.get_registered_model(name)
+    except Exception:
+        c.create_registered_model(name)
+    source = f"runs:/{run_id}/{artifact_path}"
+    mv = c.create_model_version(name=name, source=source, run_id=run_id, tags=tags or {})
+    if alias:
+        c.set_registered_model_alias(name, alias, mv.version)
+    return str(mv.version)
+
+
+def resolve_model(ref: str, uri: str, dst: str | Path | None = None) -> Path:
+    """`models:/name@alias`, `models:/name/3` or a local directory -> local directory with the files."""
+    if not ref.startswith("models:/"):
+        path = Path(ref)
+        if not path.is_dir():
+            raise FileNotFoundError(f"model reference {ref!r} is neither models:/... nor a directory")
+        return path
+    import mlflow
+
+    client(uri)
+    local = mlflow.artifacts.download_artifacts(artifact_uri=ref, dst_path=str(dst) if dst else None)
+    return Path(local)
+
+
+def list_versions(uri: str, name: str | None = None) -> list[dict[str, Any]]:
+    c = client(uri)
+    rows = []
+    models = [c.get_registered_model(name)] if name else c.search_registered_models()
+    for m in models:
+        aliases_by_version: dict[str, list[str]] = {}
+        for alias, version in (m.aliases or {}).items():
+            aliases_by_version.setdefault(str(version), []).append(alias)
+        for mv in c.search_model_versions(f"name='{m.name}'"):
+            rows.append({"name": m.name, "version": str(mv.version),
+                         "aliases": sorted(aliases_by_version.get(str(mv.version), [])),
+                         "run_id": mv.run_id, "source": mv.source, "tags": dict(mv.tags or {}),
+                         "created": mv.creation_timestamp})
+    rows.sort(key=lambda r: (r["name"], int(r["version"])))
+    return rows

@@ -1,0 +1,55 @@
+"""The `hibert` command: help for every subcommand, config errors are clear and non-zero."""
+import subprocess
+import sys
+
+import pytest
+
+from hibert.cli import COMMANDS, main
+
+
+def test_top_level_help_lists_subcommands(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for name in ["prep", "pretrain", "finetune", "evaluate", "summarize", "submit", "registry"]:
+        assert name in out
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_subcommand_help(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert f"hibert {command}" in out
+    assert COMMANDS[command][1].split()[0] in out  # the description is shown
+
+
+def test_unknown_option_fails(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["pretrain", "--no-such-option"])
+    assert e.value.code == 2
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_invalid_override_names_key(capsys):
+    assert main(["pretrain", "model.hiden=512"]) == 2
+    err = capsys.readouterr().err
+    assert "model.hiden" in err and "model.hidden" in err
+
+
+def test_print_config(capsys):
+    assert main(["pretrain", "model=hibert_m", "--print-config"]) == 0
+    assert "hidden: 768" in capsys.readouterr().out
+
+
+def test_console_script_installed():
+    out = subprocess.run([sys.executable, "-m", "hibert.cli", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "registry" in out.stdout
+
+
+def test_registry_list_on_empty_store(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert main(["registry", "list", "--uri", uri]) == 0
+    assert "no registered models" in capsys.readouterr().out

@@ -1,0 +1,96 @@
+"""Config schema: load, includes, overrides, errors with suggestions, YAML round-trip."""
+import pytest
+import yaml
+
+from hibert.config import Config, ConfigError, config_hash, dump_yaml, load_config, save_resolved
+
+
+def test_defaults_are_hibert_s():
+    cfg = load_config()
+    assert (cfg.model.hidden, cfg.model.layers, cfg.model.heads) == (512, 6, 8)
+    assert cfg.model.ffn_dim == 2048
+    assert cfg.data.max_sentence_tokens == 50 and cfg.data.max_doc_sentences == 30
+
+
+@pytest.mark.parametrize("name,dims", [("hibert_s", (512, 6, 8)), ("hibert_m", (768, 6, 12))])
+def test_shipped_model_sizes(name, dims):
+    cfg = load_config(None, [f"model={name}"])
+    assert (cfg.model.hidden, cfg.model.layers, cfg.model.heads) == dims
+    assert cfg.model.ffn_dim == 4 * dims[0]
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_shipped_deepspeed_configs(stage):
+    assert load_config(None, [f"deepspeed=zero{stage}"]).deepspeed.zero_stage == stage
+
+
+def test_recipe_with_section_includes_and_overrides(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model: hibert_m\ndeepspeed: zero3\noptimizer: {lr: 2.0e-4}\n")
+    cfg = load_config(recipe, ["model.hidden=1024", "model.heads=16", "optimizer.lr=1e-4",
+                               "optimizer.betas=[0.9, 0.98]", "schedule.decay=linear"])
+    assert cfg.model.hidden == 1024 and cfg.model.heads == 16 and cfg.model.layers == 6
+    assert cfg.optimizer.lr == pytest.approx(1e-4)
+    assert cfg.optimizer.betas == (0.9, 0.98)
+    assert cfg.deepspeed.zero_stage == 3
+    assert cfg.schedule.decay == "linear"
+
+
+def test_shipped_recipes_load(repo):
+    for recipe in sorted((repo / "configs" / "recipes").glob("*.yaml")):
+        load_config(recipe)
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("model.hiden=512", "did you mean 'model.hidden'"),
+    ("optimizer.lrr=1e-4", "did you mean 'optimizer.lr'"),
+    ("scheduel.warmup_steps=1", "did you mean 'schedule'"),
+    ("data.tokenizer.vocab_sise=10", "did you mean 'data.tokenizer.vocab_size'"),
+])
+def test_unknown_key_suggests_closest(override, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert needle in str(e.value)
+    assert override.split("=")[0] in str(e.value)
+
+
+def test_unknown_key_in_recipe_file_names_file(tmp_path):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("model:\n  hidden_size: 512\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(recipe)
+    assert "bad.yaml" in str(e.value) and "model.hidden_size" in str(e.value) and "model.hidden" in str(e.value)
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("model.hidden=abc", "model.hidden"),
+    ("model.heads=5", "divisible"),
+    ("deepspeed.zero_stage=4", "deepspeed.zero_stage"),
+    ("objective.mask_prob=0.5", "must be 1"),
+    ("schedule.decay=cosine", "schedule.decay"),
+])
+def test_invalid_values(override, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert needle in str(e.value)
+
+
+def test_malformed_override_and_missing_include():
+    with pytest.raises(ConfigError, match="dotted.key=value"):
+        load_config(None, ["model.hidden"])
+    with pytest.raises(ConfigError, match="no config named 'hibert_xl'"):
+        load_config(None, ["model=hibert_xl"])
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(None, ["model=hibert_m", "optimizer.betas=[0.9, 0.98]",
+                             "data.sources=[{format: jsonl, path: x.jsonl, summary_field: s}]"])
+    path = save_resolved(cfg, tmp_path / "run")
+    again = load_config(path)
+    assert again == cfg
+    assert config_hash(again) == config_hash(cfg)
+    assert Config.model_validate(yaml.safe_load(dump_yaml(cfg))) == cfg
+
+
+def test_config_hash_changes_with_content():
+    assert config_hash(load_config()) != config_hash(load_config(None, ["optimizer.lr=3e-4"]))
