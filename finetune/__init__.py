@@ -1,0 +1,1 @@
+"""Extractive summarization finetuning on the shared runtime, ROUGE evaluation with baselines, summarize."""

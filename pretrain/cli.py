@@ -1,0 +1,103 @@
+"""`hibert pretrain`: masked-sentence pretraining, one stage per invocation."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from hibert.config import Config, save_resolved
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stage", choices=["open-domain", "in-domain"], default=None,
+                   help="pretraining stage (sets run.stage; the registry alias of the exported encoder)")
+    p.add_argument("--init", default=None, metavar="REF",
+                   help="start from an encoder: models:/hibert-encoder@open-domain or an export dir (sets run.init)")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="start N local ranks (CPU: gloo). Not needed under srun/torchrun/deepspeed")
+
+
+def setup_logging(rank: int) -> None:
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"%(asctime)s [rank{rank}] %(name)s: %(message)s", force=True)
+
+
+def apply_cli(cfg: Config, args: argparse.Namespace) -> Config:
+    if getattr(args, "stage", None):
+        cfg.run.stage = args.stage
+    if getattr(args, "init", None):
+        cfg.run.init = args.init
+    return cfg
+
+
+def relaunch(cfg: Config, command: str, nproc: int) -> int:
+    """Re-run this command on `nproc` local ranks with the resolved config as the recipe."""
+    from pretrain.launch import launch_local
+
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    path = save_resolved(cfg, Path(tempfile.mkdtemp(prefix="launch-", dir=cfg.run_dir)))
+    return launch_local(nproc, ["-m", "hibert.cli", command, str(path)])
+
+
+def load_init(cfg: Config, dst: Path):
+    """run.init -> (encoder state, model config, export meta) or None."""
+    if not cfg.run.init:
+        return None
+    from hibert.registry import resolve_model, tracking_uri
+    from pretrain.export import read_export
+
+    local = resolve_model(cfg.run.init, tracking_uri(cfg.tracking.uri, cfg.run.output_dir), dst)
+    return (*read_export(local), local)
+
+
+def check_init_compatible(cfg: Config, init, dataset_tokenizer: Path) -> None:
+    from pretrain.trainer import file_hash
+
+    _, init_cfg, _, local = init
+    for k in ("hidden", "layers", "heads", "ffn_dim", "num_decoder_layers"):
+        if getattr(init_cfg, k) != getattr(cfg.model, k):
+            raise ValueError(f"run.init={cfg.run.init}: its model.{k}={getattr(init_cfg, k)} differs from the "
+                             f"configured model.{k}={getattr(cfg.model, k)}")
+    tok = Path(local) / "tokenizer.model"
+    if tok.is_file() and file_hash(tok) != file_hash(dataset_tokenizer):
+        raise ValueError(f"run.init={cfg.run.init} was trained with another tokenizer than the dataset "
+                         f"{cfg.data.dataset_dir}; prepare the data with data.tokenizer.model={tok}")
+
+
+def run(cfg: Config, args: argparse.Namespace) -> int:
+    cfg = apply_cli(cfg, args)
+    if args.nproc and "RANK" not in os.environ and "SLURM_PROCID" not in os.environ:
+        return relaunch(cfg, "pretrain", args.nproc)
+    return train(cfg)
+
+
+def train(cfg: Config) -> int:
+    from data_prep import DocumentDataset
+    from pretrain.dist_env import REQUEUE_EXIT_CODE
+    from pretrain.engine import init_distributed
+    from pretrain.masked_sentence import MaskedSentenceTask, tokenizer_vocab_size
+    from pretrain.trainer import Trainer
+
+    if cfg.objective.kind != "masked_sentence":
+        raise SystemExit(f"hibert pretrain trains objective.kind=masked_sentence, not {cfg.objective.kind}")
+    rt = init_distributed(cfg)
+    setup_logging(rt.rank)
+    train_data = DocumentDataset(cfg.data.dataset_dir, "train")
+    valid_data = DocumentDataset(cfg.data.dataset_dir, "valid")
+    init = load_init(cfg, cfg.run_dir / "init" / f"rank{rt.rank}")
+    if init is not None:
+        check_init_compatible(cfg, init, train_data.tokenizer_path)
+    task = MaskedSentenceTask(cfg, tokenizer_vocab_size(train_data.tokenizer_path),
+                              init_state=init[0] if init else None)
+    result = Trainer(cfg, task, rt, train_data, valid_data).fit()
+    if rt.is_main:
+        logging.getLogger("hibert").info("pretrain %s at step %d; export: %s; registered version: %s; %s",
+                                         result.status, result.step, result.export_dir,
+                                         result.registered_version, result.metrics)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return REQUEUE_EXIT_CODE if result.status == "preempted" else 0

@@ -1,0 +1,141 @@
+"""Distributed init and the DeepSpeed engine, built from the one config schema.
+
+The DeepSpeed JSON is generated (never hand-written): batch/accumulation from `schedule:`, clipping from
+`optimizer:`, ZeRO and precision from `deepspeed:`. The optimizer is a torch AdamW built here (fused on
+CUDA) with weight decay off for biases and LayerNorm weights; with optimizer offload DeepSpeed's CPU Adam
+is used instead. The lr schedule is a LambdaLR that DeepSpeed steps at every optimizer step and saves in
+its checkpoints.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hibert.config import Config
+from pretrain.schedule import lr_multiplier
+
+
+@dataclass
+class Runtime:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    precision: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def resolve_precision(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
+
+
+def init_distributed(cfg: Config) -> Runtime:
+    """Map the launcher's environment (torchrun, deepspeed, srun, or none) to ranks and init the group."""
+    from pretrain.dist_env import detect_dist_env
+
+    env = detect_dist_env()
+    if env.world_size == 1 and "MASTER_PORT" not in os.environ and env.launcher == "single":
+        os.environ["MASTER_PORT"] = str(_free_port())
+    env.export()
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+
+    if cuda:
+        torch.cuda.set_device(env.local_rank)
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False)
+    device = torch.device("cuda", env.local_rank) if cuda else torch.device("cpu")
+    precision = resolve_precision(cfg.deepspeed.precision)
+    if precision == "fp16" and not cuda:
+        raise ValueError("deepspeed.precision=fp16 needs a GPU; use bf16 or fp32 on CPU")
+    return Runtime(env.rank, env.local_rank, env.world_size, device, precision)
+
+
+def deepspeed_config(cfg: Config, precision: str) -> dict[str, Any]:
+    ds = cfg.deepspeed
+    zero: dict[str, Any] = {
+        "stage": ds.zero_stage,
+        "overlap_comm": ds.overlap_comm,
+        "contiguous_gradients": ds.contiguous_gradients,
+        "reduce_bucket_size": ds.reduce_bucket_size,
+    }
+    if ds.offload_optimizer != "none":
+        zero["offload_optimizer"] = {"device": ds.offload_optimizer}
+    if ds.offload_param != "none":
+        zero["offload_param"] = {"device": ds.offload_param}
+    if ds.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = ds.stage3_gather_16bit_weights_on_model_save
+    out: dict[str, Any] = {
+        # One "sample" is one token-budget micro-batch assembled by our loader.
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": cfg.schedule.grad_accum,
+        "gradient_clipping": cfg.optimizer.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": {"enabled": precision == "fp16", "initial_scale_power": 16},
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+    if ds.offload_optimizer != "none":
+        out["optimizer"] = {"type": "AdamW", "params": {
+            "lr": cfg.optimizer.lr, "betas": list(cfg.optimizer.betas), "eps": cfg.optimizer.eps,
+            "weight_decay": cfg.optimizer.weight_decay}}
+    _deep_merge(out, ds.extra)
+    return out
+
+
+def _deep_merge(dst: dict[str, Any], src: dict[str, Any]) -> None:
+    for k, v in src.items():
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            _deep_merge(dst[k], v)
+        else:
+            dst[k] = v
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_engine(cfg: Config, model: torch.nn.Module, rt: Runtime):
+    import deepspeed
+
+    ds_cfg = deepspeed_config(cfg, rt.precision)
+    opt = None
+    if cfg.deepspeed.offload_optimizer == "none":
+        opt = torch.optim.AdamW(param_groups(model, cfg.optimizer.weight_decay), lr=cfg.optimizer.lr,
+                                betas=tuple(cfg.optimizer.betas), eps=cfg.optimizer.eps,
+                                fused=rt.device.type == "cuda")
+    sch = cfg.schedule
+
+    def scheduler(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_multiplier(step, sch.warmup_steps, sch.decay, sch.max_steps))
+
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=opt,
+        model_parameters=None if opt is not None else param_groups(model, cfg.optimizer.weight_decay),
+        lr_scheduler=scheduler, config=ds_cfg, dist_init_required=False)
+    return engine

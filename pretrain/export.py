@@ -1,0 +1,85 @@
+"""Export: consolidate (ZeRO-partitioned) weights into plain safetensors + model config + tokenizer.
+
+An export directory is the one hand-off format between stages and to finetuning:
+    encoder.safetensors   fp32 encoder weights (master weights, gathered from every ZeRO partition)
+    model.json            the `model:` config section (with the real vocab size)
+    tokenizer.model       the SentencePiece model the encoder was trained with
+    export.json           provenance: stage, step, dataset manifest hash, config hash, git commit, init
+It is logged as an MLflow artifact dir and registered, so `models:/hibert-encoder@in-domain` resolves to it.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+
+from hibert.config.model import ModelConfig
+
+WEIGHTS = "encoder.safetensors"
+
+
+def gather_fp32_state_dict(module: torch.nn.Module, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Collective: full fp32 tensors of `module`'s parameters under `prefix` (complete on rank 0).
+
+    Uses DeepSpeed's safe_get_full_fp32_param (the optimizer's fp32 master copy, gathered across ZeRO
+    partitions); falls back to the parameter itself when DeepSpeed keeps no separate master copy.
+    Tied parameters are exported once per name, as nn.Module.state_dict would.
+    """
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    out: dict[str, torch.Tensor] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        full = safe_get_full_fp32_param(p)
+        if full is None:
+            full = p.detach()
+        if name.startswith(prefix):
+            out[name[len(prefix):]] = full.detach().float().cpu().clone()
+    for name, b in module.named_buffers():
+        if name.startswith(prefix) and b is not None:
+            out.setdefault(name[len(prefix):], b.detach().cpu().clone())
+    if dist.is_initialized():
+        dist.barrier()
+    return out
+
+
+def write_export(out_dir: Path, encoder_state: dict[str, torch.Tensor], model_cfg: ModelConfig,
+                 tokenizer: Path | None, meta: dict[str, Any]) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # safetensors refuses tensors sharing storage; tied weights were already de-duplicated by name
+    save_file({k: v.contiguous() for k, v in encoder_state.items()}, str(out_dir / WEIGHTS))
+    (out_dir / "model.json").write_text(json.dumps(model_cfg.model_dump(mode="json"), indent=1))
+    if tokenizer is not None and Path(tokenizer).is_file():
+        shutil.copy2(tokenizer, out_dir / "tokenizer.model")
+    (out_dir / "export.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    return out_dir
+
+
+def read_export(export_dir: Path) -> tuple[dict[str, torch.Tensor], ModelConfig, dict[str, Any]]:
+    export_dir = Path(export_dir)
+    weights = export_dir / WEIGHTS
+    if not weights.is_file():
+        raise FileNotFoundError(f"{export_dir} is not an encoder export (no {WEIGHTS})")
+    cfg = ModelConfig.model_validate(json.loads((export_dir / "model.json").read_text()))
+    meta_path = export_dir / "export.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    return load_file(str(weights)), cfg, meta
+
+
+def load_encoder(encoder: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Strict load with a readable error (a size mismatch usually means another tokenizer or size)."""
+    own = encoder.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    shapes = [f"{k}: export {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+              for k in own.keys() & state.keys() if own[k].shape != state[k].shape]
+    if missing or unexpected or shapes:
+        raise ValueError(f"encoder weights do not fit the model: missing={missing[:5]} "
+                         f"unexpected={unexpected[:5]} shape mismatches={shapes[:5]}")
+    with torch.no_grad():
+        for k, v in own.items():
+            v.copy_(state[k].to(v.dtype))

@@ -1,0 +1,56 @@
+"""`--nproc N`: start N local ranks of the same command (CPU gloo or one GPU each).
+
+A thin launcher rather than torchrun so that (a) SIGUSR1/SIGTERM reach every rank (preemption) and
+(b) the requeue exit code survives. Clusters use srun/torchrun/deepspeed; pretrain.dist_env maps them all.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from pretrain.dist_env import REQUEUE_EXIT_CODE
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_local(nproc: int, argv: list[str]) -> int:
+    port = str(_free_port())
+    procs: list[subprocess.Popen] = []
+    for rank in range(nproc):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
+                   LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+        procs.append(subprocess.Popen([sys.executable, *argv], env=env))
+
+    def forward(signum, _frame):
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
+    try:
+        codes: dict[int, int] = {}
+        while len(codes) < nproc:
+            for i, p in enumerate(procs):
+                if i not in codes and p.poll() is not None:
+                    codes[i] = p.returncode
+                    if p.returncode not in (0, REQUEUE_EXIT_CODE):  # one rank died: stop the others
+                        for q in procs:
+                            if q.poll() is None:
+                                q.terminate()
+            time.sleep(0.2)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    bad = [c for c in codes.values() if c not in (0, REQUEUE_EXIT_CODE)]
+    if bad:
+        return bad[0] if bad[0] > 0 else 1
+    return REQUEUE_EXIT_CODE if REQUEUE_EXIT_CODE in codes.values() else 0

@@ -1,0 +1,29 @@
+"""DataLoader over planned micro-batches. Item k of an epoch is a pure function of (plan, k), so the
+loader can start anywhere (resume) and any worker count gives the same batches."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from pretrain.preemption import ignore_preemption_signals
+from pretrain.task import LoaderItem, Task
+
+
+class MicroBatches(Dataset):
+    def __init__(self, task: Task, dataset, batches: list[np.ndarray], epoch: int):
+        self.task, self.dataset, self.batches, self.epoch = task, dataset, batches, epoch
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, k: int) -> LoaderItem:
+        return self.task.make_item(self.dataset, self.batches[k], self.epoch)
+
+
+def make_loader(task: Task, dataset, batches: list[np.ndarray], epoch: int, workers: int) -> DataLoader:
+    return DataLoader(MicroBatches(task, dataset, batches, epoch), batch_size=None, shuffle=False,
+                      num_workers=workers, worker_init_fn=ignore_preemption_signals if workers else None,
+                      prefetch_factor=4 if workers else None, persistent_workers=False,
+                      multiprocessing_context="fork" if workers else None,
+                      generator=torch.Generator().manual_seed(0))

@@ -1,0 +1,75 @@
+"""The masked-sentence pretraining task (HIBERT §3.2) for the shared training loop."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hibert.config import Config
+from hibert.config.model import ModelConfig
+from pretrain.objective import MaskingSpec, mask_document, other_document_sentence
+from pretrain.task import LoaderItem, Task
+
+
+def tokenizer_vocab_size(tokenizer_path: Path) -> int:
+    import sentencepiece as spm
+
+    return spm.SentencePieceProcessor(model_file=str(tokenizer_path)).get_piece_size()
+
+
+class MaskedSentenceTask(Task):
+    name = "masked_sentence"
+    eval_metric = "valid_ppl"
+    eval_mode = "min"
+    stat_keys = ("nll_sum", "num_target_tokens")
+
+    def __init__(self, cfg: Config, vocab_size: int, init_state: dict[str, torch.Tensor] | None = None):
+        self.cfg = cfg
+        self.init_state = init_state
+        self.model_cfg = cfg.model.model_copy(update={"vocab_size": vocab_size})
+        self.spec = MaskingSpec.from_config(cfg.objective)
+        self.seed = cfg.schedule.seed
+
+    def model_config(self) -> ModelConfig:
+        return self.model_cfg
+
+    def build_model(self) -> torch.nn.Module:
+        from modeling import HibertForPretraining
+
+        model = HibertForPretraining(self.model_cfg, label_smoothing=self.cfg.objective.label_smoothing)
+        if self.init_state is not None:  # previous stage's encoder; fresh decoder, optimizer and schedule
+            from pretrain.export import load_encoder
+
+            load_encoder(model.encoder, self.init_state)
+        return model
+
+    def make_item(self, dataset, doc_indices: np.ndarray, epoch: int) -> LoaderItem:
+        from modeling import flops_per_batch, make_pretrain_batch
+
+        masked, positions, targets = [], [], []
+        for i in doc_indices.tolist():
+            doc = mask_document(dataset[i], self.spec, self.seed, epoch, i, other_document_sentence(dataset, i))
+            masked.append(doc.sentences)
+            positions.append(doc.positions)
+            targets.append(doc.targets)
+        batch = make_pretrain_batch(masked, positions, targets)
+        sent_lens = [len(s) + 1 for d in masked for s in d]            # + EOS
+        doc_lens = [len(d) for d in masked]
+        target_lens = [len(t) + 1 for d in targets for t in d]         # BOS.. / ..EOS
+        flops = flops_per_batch(self.model_cfg, sent_lens, doc_lens, target_lens, backward=True)
+        return LoaderItem(batch, real_tokens=sum(sent_lens) + sum(target_lens), flops=flops,
+                          num_docs=len(doc_indices))
+
+    def loss(self, engine, item: LoaderItem):
+        out = engine(item.batch)
+        return out.loss, {"nll_sum": out.nll_sum.detach().double(),
+                          "num_target_tokens": torch.as_tensor(out.num_target_tokens, dtype=torch.float64)}
+
+    def summarize(self, sums: dict[str, float], prefix: str) -> dict[str, float]:
+        n = sums.get("num_target_tokens", 0.0)
+        if n <= 0:
+            return {}
+        nll = sums["nll_sum"] / n
+        return {f"{prefix}loss": nll, f"{prefix}ppl": math.exp(min(nll, 50.0))}

@@ -1,0 +1,55 @@
+"""Throughput, MFU, data-wait fraction and peak memory over a logging window."""
+from __future__ import annotations
+
+import resource
+import time
+
+import torch
+
+# Dense bf16 peak TFLOP/s per device, for MFU when tracking.peak_tflops is not set.
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
+
+
+def default_peak_tflops(device: torch.device, configured: float | None) -> float | None:
+    if configured:
+        return configured
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is KiB on Linux
+
+
+class Window:
+    """Accumulates one logging window; `flush` returns rates and resets."""
+
+    def __init__(self, peak_tflops: float | None, world_size: int):
+        self.peak, self.world = peak_tflops, world_size
+        self.reset()
+
+    def reset(self) -> None:
+        self.start = time.perf_counter()
+        self.wait = 0.0
+        self.tokens = 0
+        self.flops = 0.0
+        self.loss_sum = 0.0
+        self.loss_count = 0
+
+    def add(self, tokens: int, flops: float, wait_s: float) -> None:
+        self.tokens += tokens
+        self.flops += flops
+        self.wait += wait_s
+
+    def flush(self) -> dict[str, float]:
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        out = {"tokens_per_s": self.tokens * self.world / elapsed,  # all ranks (each sees a similar load)
+               "data_wait_fraction": self.wait / elapsed}
+        if self.peak:
+            out["mfu"] = self.flops / elapsed / (self.peak * 1e12)
+        self.reset()
+        return out

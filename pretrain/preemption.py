@@ -1,0 +1,36 @@
+"""Preemption: SIGUSR1/SIGTERM set a flag; ranks agree on it at the next step boundary (all-reduce MAX),
+then everyone checkpoints and exits with REQUEUE_EXIT_CODE so the Slurm script requeues the job."""
+from __future__ import annotations
+
+import signal
+
+import torch
+import torch.distributed as dist
+
+
+class PreemptionFlag:
+    SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+
+    def install(self) -> "PreemptionFlag":
+        for s in self.SIGNALS:
+            signal.signal(s, self._handler)
+        return self
+
+    def _handler(self, signum, _frame) -> None:
+        self.signal_name = signal.Signals(signum).name
+
+    def agreed(self, device: torch.device) -> bool:
+        """Collective: True on every rank if any rank was signalled."""
+        t = torch.tensor([1 if self.signal_name else 0], dtype=torch.int32, device=device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+
+def ignore_preemption_signals(_worker_id: int = 0) -> None:
+    """DataLoader worker_init_fn: only the trainer reacts to preemption; workers must not die first."""
+    for s in PreemptionFlag.SIGNALS:
+        signal.signal(s, signal.SIG_IGN)

@@ -1,0 +1,59 @@
+"""Extractive selection, baselines, ROUGE wrapper and bootstrap CIs on hand-checked cases."""
+import numpy as np
+import pytest
+from rouge_score import rouge_scorer
+
+from finetune.rouge_eval import Rouge, bootstrap_ci, summarize_scores
+from finetune.selection import lead, oracle_from_labels, select
+
+
+def test_selection_top_k_in_document_order():
+    sents = ["a b c", "d e f", "g h i", "j k l"]
+    assert select([0.1, 0.9, 0.2, 0.8], sents, k=2) == [1, 3]
+    assert select([0.9, 0.1, 0.95, 0.0], sents, k=2) == [0, 2]
+    assert select([0.5, 0.5, 0.5, 0.5], sents, k=3) == [0, 1, 2]  # ties keep earlier sentences
+    assert select([0.5, 0.4], ["one", "two"], k=5) == [0, 1]       # a short document gives what it has
+
+
+def test_trigram_blocking_skips_redundant_sentence():
+    sents = ["the cat sat on the mat", "the cat sat on a chair", "dogs bark loudly at night"]
+    scores = [0.9, 0.8, 0.1]
+    assert select(scores, sents, k=2) == [0, 1]
+    assert select(scores, sents, k=2, trigram_blocking=True) == [0, 2]
+
+
+def test_lead_and_oracle():
+    assert lead(["s1", "", "s3", "s4", "s5"], 3) == [0, 2, 3]
+    assert lead(["only"], 3) == [0]
+    assert oracle_from_labels(np.array([0, 1, 0, 1])) == [1, 3]
+
+
+def test_rouge_wrapper_equals_rouge_score():
+    pred = ["the cat was on the mat", "it was happy"]
+    ref = ["the cat sat on the mat", "the cat was happy"]
+    ours = Rouge().score_doc(pred, [ref])
+    direct = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL", "rougeLsum"], use_stemmer=True).score(
+        "\n".join(ref), "\n".join(pred))
+    for m in ["rouge1", "rouge2", "rougeL", "rougeLsum"]:
+        assert ours[f"{m}_f"] == pytest.approx(100 * direct[m].fmeasure)
+        assert ours[f"{m}_p"] == pytest.approx(100 * direct[m].precision)
+        assert ours[f"{m}_r"] == pytest.approx(100 * direct[m].recall)
+
+
+def test_multiple_references_take_the_best():
+    r = Rouge()
+    pred = ["the cat sat"]
+    good, bad = ["the cat sat"], ["a dog ran"]
+    assert r.score_doc(pred, [bad, good])["rouge1_f"] == pytest.approx(100.0)
+    assert r.score_doc(pred, [bad])["rouge1_f"] == pytest.approx(0.0)
+
+
+def test_bootstrap_ci_contains_mean_and_narrows():
+    rng = np.random.default_rng(0)
+    small, large = rng.normal(40, 10, 30), rng.normal(40, 10, 3000)
+    for v in (small, large):
+        lo, hi = bootstrap_ci(v)
+        assert lo <= v.mean() <= hi
+    assert np.diff(bootstrap_ci(large)) < np.diff(bootstrap_ci(small)) / 3
+    s = summarize_scores({"rouge1_f": small})
+    assert s["rouge1_f"]["low"] <= s["rouge1_f"]["mean"] <= s["rouge1_f"]["high"]

@@ -1,0 +1,151 @@
+"""Pure pieces of the pretraining runtime: masking, batch plans, lr schedule, RNG state, checkpoint checks."""
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from hibert.tokens import MASK_ID
+from pretrain.batching import doc_costs, plan_epoch
+from pretrain.checkpoint import MARKER, verify
+from pretrain.objective import KEEP, MASK, RANDOM, MaskingSpec, mask_document, num_selected, other_document_sentence
+from pretrain.rng_state import load_rng_state, save_rng_state
+from pretrain.schedule import lr_multiplier
+
+
+def _docs(n_docs=50, seed=0):
+    rng = np.random.default_rng(seed)
+    return [[rng.integers(10, 100, size=rng.integers(3, 12)).astype(np.int32)
+             for _ in range(rng.integers(1, 31))] for _ in range(n_docs)]
+
+
+@pytest.mark.parametrize("n,expected", [(1, 1), (3, 1), (6, 1), (7, 1), (10, 2), (20, 3), (30, 5)])
+def test_num_selected_is_15_percent_at_least_one(n, expected):
+    assert num_selected(n, MaskingSpec()) == expected
+
+
+def test_num_selected_cap():
+    assert num_selected(30, MaskingSpec(max_selected=2)) == 2
+
+
+def test_masking_is_pure_function_of_seed_epoch_doc():
+    docs = _docs()
+    spec = MaskingSpec()
+    a = mask_document(docs[7], spec, 1, 2, 7, other_document_sentence(docs, 7))
+    b = mask_document(docs[7], spec, 1, 2, 7, other_document_sentence(docs, 7))
+    assert a.positions == b.positions and a.actions == b.actions
+    assert all(np.array_equal(x, y) for x, y in zip(a.sentences, b.sentences))
+    c = mask_document(docs[7], spec, 1, 3, 7, other_document_sentence(docs, 7))  # another epoch
+    d = mask_document(docs[7], spec, 2, 2, 7, other_document_sentence(docs, 7))  # another seed
+    assert (c.positions, c.actions) != (a.positions, a.actions) or (d.positions, d.actions) != (a.positions, a.actions)
+
+
+def test_masking_actions_follow_80_10_10_and_keep_lengths():
+    docs = _docs(400, seed=1)
+    spec = MaskingSpec()
+    counts = {MASK: 0, KEEP: 0, RANDOM: 0}
+    for i, doc in enumerate(docs):
+        m = mask_document(doc, spec, 0, 0, i, other_document_sentence(docs, i))
+        assert len(m.positions) == num_selected(len(doc), spec)
+        for pos, act, tgt in zip(m.positions, m.actions, m.targets):
+            counts[act] += 1
+            assert np.array_equal(tgt, doc[pos])  # targets are the ORIGINAL sentences
+            if act == MASK:
+                assert len(m.sentences[pos]) == len(doc[pos]) and (m.sentences[pos] == MASK_ID).all()
+            elif act == KEEP:
+                assert np.array_equal(m.sentences[pos], doc[pos])
+        unselected = set(range(len(doc))) - set(m.positions)
+        assert all(np.array_equal(m.sentences[j], doc[j]) for j in unselected)
+    total = sum(counts.values())
+    assert abs(counts[MASK] / total - 0.8) < 0.05
+    assert abs(counts[KEEP] / total - 0.1) < 0.04 and abs(counts[RANDOM] / total - 0.1) < 0.04
+
+
+def test_random_sentence_comes_from_another_document():
+    docs = [[np.full(3, d, dtype=np.int32) for _ in range(4)] for d in range(5)]  # doc d's tokens are all d
+    draw = other_document_sentence(docs, 2)
+    rng = np.random.default_rng(0)
+    seen = {int(draw(rng)[0]) for _ in range(200)}
+    assert seen == {0, 1, 3, 4}
+
+
+def _costs(n=500, seed=0):
+    rng = np.random.default_rng(seed)
+    sents = rng.integers(1, 31, size=n)
+    toks = sents * rng.integers(5, 40, size=n)
+    return doc_costs(toks, sents)
+
+
+def test_plan_respects_budget_and_covers_every_doc():
+    costs = _costs()
+    plan = plan_epoch(costs, seed=0, epoch=0, batch_tokens=2000, max_docs=16, world=2, accum=2)
+    flat = np.concatenate(plan.batches)
+    assert sorted(flat.tolist()) == list(range(len(costs)))
+    for b in plan.batches:
+        assert len(b) <= 16
+        assert costs[b].sum() <= 2000 or len(b) == 1
+
+
+def test_plan_deterministic_and_changes_per_epoch():
+    costs = _costs()
+    a = plan_epoch(costs, seed=3, epoch=1, batch_tokens=2000, max_docs=16, world=1, accum=1)
+    b = plan_epoch(costs, seed=3, epoch=1, batch_tokens=2000, max_docs=16, world=1, accum=1)
+    c = plan_epoch(costs, seed=3, epoch=2, batch_tokens=2000, max_docs=16, world=1, accum=1)
+    assert all(np.array_equal(x, y) for x, y in zip(a.batches, b.batches))
+    assert not all(np.array_equal(x, y) for x, y in zip(a.batches, c.batches))
+
+
+def test_two_ranks_see_the_global_batches_of_one_process_with_accumulation():
+    costs = _costs()
+    one = plan_epoch(costs, seed=0, epoch=0, batch_tokens=2000, max_docs=16, world=1, accum=2)
+    two = plan_epoch(costs, seed=0, epoch=0, batch_tokens=2000, max_docs=16, world=2, accum=1)
+    assert one.steps == two.steps
+    r0, r1 = two.rank_batches(0, 2, 1), two.rank_batches(1, 2, 1)
+    single = one.rank_batches(0, 1, 2)
+    assert len(r0) == len(r1) == one.steps  # same number of steps on every rank
+    for s in range(one.steps):
+        assert np.array_equal(single[2 * s], r0[s]) and np.array_equal(single[2 * s + 1], r1[s])
+
+
+def test_resume_slice_is_the_tail():
+    costs = _costs()
+    plan = plan_epoch(costs, seed=0, epoch=0, batch_tokens=2000, max_docs=16, world=2, accum=2)
+    full = plan.rank_batches(1, 2, 2)
+    tail = plan.rank_batches(1, 2, 2, start_step=3)
+    assert all(np.array_equal(x, y) for x, y in zip(full[6:], tail))
+
+
+def test_lr_schedule_warmup_then_inverse_sqrt_and_linear():
+    assert lr_multiplier(0, 4, "inverse_sqrt", None) == pytest.approx(0.25)
+    assert lr_multiplier(3, 4, "inverse_sqrt", None) == pytest.approx(1.0)
+    assert lr_multiplier(15, 4, "inverse_sqrt", None) == pytest.approx(math.sqrt(4 / 16))
+    assert lr_multiplier(3, 4, "linear", 12) == pytest.approx(1.0)
+    assert lr_multiplier(7, 4, "linear", 12) == pytest.approx(0.5)
+    assert lr_multiplier(20, 4, "linear", 12) == 0.0
+    assert lr_multiplier(100, 0, "constant", None) == 1.0
+    with pytest.raises(ValueError):
+        lr_multiplier(5, 0, "linear", None)
+
+
+def test_rng_state_round_trip(tmp_path):
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    save_rng_state(tmp_path / "rng.safetensors")
+    expected = (random.random(), np.random.rand(), torch.rand(3))
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    load_rng_state(tmp_path / "rng.safetensors")
+    got = (random.random(), np.random.rand(), torch.rand(3))
+    assert expected[0] == got[0] and expected[1] == got[1] and torch.equal(expected[2], got[2])
+
+
+def test_checkpoint_verify_detects_missing_marker_and_truncation(tmp_path):
+    tag = tmp_path / "step_000000010"
+    tag.mkdir()
+    (tag / "a.pt").write_bytes(b"x" * 100)
+    assert verify(tag)[0] is False  # no marker: the save did not complete
+    (tag / MARKER).write_text(json.dumps({"step": 10, "files": {"a.pt": 100}, "state": {}}))
+    assert verify(tag) == (True, "ok")
+    (tag / "a.pt").write_bytes(b"x" * 50)
+    ok, why = verify(tag)
+    assert not ok and "truncated" in why
