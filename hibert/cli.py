@@ -45,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         if takes_config:
             _add_config_args(p)
-        extra = _resolve(target, "add_arguments", optional=True)
+        func = target.partition(":")[2]
+        hook = f"add_{func[4:]}_arguments" if func.startswith("run_") else "add_arguments"
+        extra = _resolve(target, hook, optional=True)
         if extra is not None:
             extra(p)
     return parser

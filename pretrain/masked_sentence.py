@@ -62,6 +62,13 @@ class MaskedSentenceTask(Task):
         return LoaderItem(batch, real_tokens=sum(sent_lens) + sum(target_lens), flops=flops,
                           num_docs=len(doc_indices))
 
+    def write_export_extras(self, out_dir, full_state: dict[str, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        dec = {k[len("decoder."):]: v.contiguous() for k, v in full_state.items() if k.startswith("decoder.")}
+        if dec:  # kept for inspection and continued pretraining; finetuning needs only the encoder
+            save_file(dec, str(Path(out_dir) / "decoder.safetensors"))
+
     def loss(self, engine, item: LoaderItem):
         out = engine(item.batch)
         return out.loss, {"nll_sum": out.nll_sum.detach().double(),

@@ -37,8 +37,7 @@ class Window:
         self.wait = 0.0
         self.tokens = 0
         self.flops = 0.0
-        self.loss_sum = 0.0
-        self.loss_count = 0
+        self.steps = 0
 
     def add(self, tokens: int, flops: float, wait_s: float) -> None:
         self.tokens += tokens
@@ -47,7 +46,8 @@ class Window:
 
     def flush(self) -> dict[str, float]:
         elapsed = max(time.perf_counter() - self.start, 1e-9)
-        out = {"tokens_per_s": self.tokens * self.world / elapsed,  # all ranks (each sees a similar load)
+        # tokens/s counts all ranks (this rank's count x world: ranks see similar loads); MFU is per device
+        out = {"tokens_per_s": self.tokens * self.world / elapsed, "steps_per_s": self.steps / elapsed,
                "data_wait_fraction": self.wait / elapsed}
         if self.peak:
             out["mfu"] = self.flops / elapsed / (self.peak * 1e12)

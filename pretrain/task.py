@@ -56,5 +56,16 @@ class Task(ABC):
     def registry_alias(self, cfg) -> str | None:
         return cfg.run.stage if cfg.run.stage != "none" else None
 
-    def write_export_extras(self, out_dir, module: torch.nn.Module) -> None:
-        """Task-specific files next to the encoder export (e.g. a finetuned head)."""
+    def write_export_extras(self, out_dir, full_state: dict[str, torch.Tensor]) -> None:
+        """Task-specific files next to the encoder export (e.g. a finetuned head), from the full
+        fp32 state dict of the trained module."""
+
+    def evaluate(self, trainer) -> dict[str, float]:
+        """Validation metrics. Default: the task's loss statistics summed over the validation split."""
+        sums: dict[str, float] = {k: 0.0 for k in self.stat_keys}
+        for item, counted in trainer.valid_items():
+            _, stats = self.loss(trainer.engine, item)
+            if counted:
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+        return self.summarize(trainer.all_sum(sums), "valid_")

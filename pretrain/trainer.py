@@ -19,6 +19,7 @@ from pretrain.batching import BatchPlan, doc_costs, plan_epoch
 from pretrain.checkpoint import CheckpointManager
 from pretrain.engine import Runtime, build_engine
 from pretrain.export import gather_fp32_state_dict, write_export
+from safetensors.torch import load_file, save_file
 from pretrain.loader import make_loader
 from pretrain.metrics import Window, default_peak_tflops, peak_memory_gb
 from pretrain.preemption import PreemptionFlag
@@ -66,9 +67,11 @@ class Trainer:
         self.ckpt = CheckpointManager(cfg.checkpoint_dir, cfg.checkpoint.keep_last, rt.rank, rt.world_size)
         self.tracker = Tracker(cfg, enabled=rt.is_main)
         self.flag = PreemptionFlag().install()
+        self.last_metrics: dict[str, float] = {}
         self.costs = doc_costs(train_data.doc_num_tokens, train_data.doc_num_sentences)
         self.state: dict[str, Any] = {"global_step": 0, "epoch": 0, "step_in_epoch": 0, "best": None,
                                       "evals_without_improvement": 0, "mlflow_run_id": None,
+                                      "candidates": [],  # [score, step, path] of the best evaluations
                                       "seed": cfg.schedule.seed, "config_hash": config_hash(cfg),
                                       "world_size": rt.world_size}
 
@@ -103,32 +106,36 @@ class Trainer:
                      self.state["global_step"], self.state["epoch"], self.state["step_in_epoch"])
 
     # ---------------------------------------------------------------- evaluation
-    def evaluate(self) -> dict[str, float]:
-        if self.valid_data is None or len(self.valid_data) == 0:
-            return {}
+    def valid_items(self, data=None):
+        """Yield (item, counted) over this rank's share of a split's batches (default: validation).
+
+        ZeRO-3's forward is collective, so every rank runs the same number of forwards; the padding
+        forwards (repeats of a real batch) come with counted=False and must be ignored.
+        """
+        data = self.valid_data if data is None else data
         s = self.cfg.schedule
-        costs = doc_costs(self.valid_data.doc_num_tokens, self.valid_data.doc_num_sentences)
+        costs = doc_costs(data.doc_num_tokens, data.doc_num_sentences)
         plan = plan_epoch(costs, seed=s.seed, epoch=0, batch_tokens=s.batch_tokens,
                           max_docs=s.max_docs_per_batch, world=1, accum=1)
         batches = plan.batches[: s.eval_batches] if s.eval_batches else plan.batches
         W, r = self.rt.world_size, self.rt.rank
         mine = batches[r::W]
-        n_each = -(-len(batches) // W)
-        # ZeRO-3's forward is collective: every rank runs the same number of forwards; the padding
-        # forwards (a repeat of a real batch) are not counted.
-        padded = mine + [batches[0]] * (n_each - len(mine))
-        sums: dict[str, float] = {}
+        padded = mine + [batches[0]] * (-(-len(batches) // W) - len(mine))
         self.engine.eval()
-        with torch.no_grad():
-            for i, item in enumerate(make_loader(self.task, self.valid_data, padded, 0, 0)):
-                _, stats = self.task.loss(self.engine, item.to(self.rt.device))
-                if i < len(mine):
-                    for k, v in stats.items():
-                        sums[k] = sums.get(k, 0.0) + float(v)
-        self.engine.train()
-        keys = sorted(set(sums) | set(self.task.stat_keys))
-        totals = _all_sum({k: sums.get(k, 0.0) for k in keys}, self.rt.device)
-        return self.task.summarize(totals, "valid_")
+        try:
+            with torch.no_grad():
+                for i, item in enumerate(make_loader(self.task, data, padded, 0, 0)):
+                    yield item.to(self.rt.device), i < len(mine)
+        finally:
+            self.engine.train()
+
+    def all_sum(self, values: dict[str, float]) -> dict[str, float]:
+        return _all_sum(values, self.rt.device)
+
+    def evaluate(self) -> dict[str, float]:
+        if self.valid_data is None or len(self.valid_data) == 0:
+            return {}
+        return self.task.evaluate(self)
 
     # ---------------------------------------------------------------- main loop
     def fit(self) -> TrainResult:
@@ -163,6 +170,7 @@ class Trainer:
                             train_stats[k] = train_stats.get(k, 0.0) + v.detach()
                     self.state["global_step"] += 1
                     self.state["step_in_epoch"] += 1
+                    window.steps += 1
                     step = self.state["global_step"]
                     if step % s.log_every == 0:
                         m = window.flush()
@@ -175,6 +183,7 @@ class Trainer:
                         m["peak_memory_gb"] = peak_memory_gb(rt.device)
                         m["epoch"] = epoch
                         self.tracker.metrics(m, step)
+                        self.last_metrics = m
                         if rt.is_main:
                             log.info("step %d %s", step, " ".join(f"{k}={v:.4g}" for k, v in sorted(m.items())))
                         train_stats = {}
@@ -183,6 +192,7 @@ class Trainer:
                         self.tracker.metrics(last_eval, step)
                         if self._early_stop(last_eval):
                             status = "early_stopped"
+                        self._keep_if_best(last_eval, step)
                     if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
                         self.ckpt.save(self.engine, step, self.state)
                         last_saved = step
@@ -206,6 +216,7 @@ class Trainer:
             if not last_eval or (s.eval_every and step % s.eval_every):
                 last_eval = self.evaluate()
                 self.tracker.metrics(last_eval, step)
+                self._keep_if_best(last_eval, step)
             if last_saved != step:
                 self.ckpt.save(self.engine, step, self.state)
             export_dir, version = self.export(step, last_eval)
@@ -232,20 +243,59 @@ class Trainer:
         m = Path(self.cfg.data.dataset_dir) / "manifest.json"
         return file_hash(m) if m.is_file() else "none"
 
+    def _keep_if_best(self, metrics: dict[str, float], step: int) -> None:
+        """Collective. Save full fp32 weights when this evaluation is among the best `keep_best`."""
+        n, key = self.cfg.checkpoint.keep_best, self.task.eval_metric
+        if n <= 0 or key not in metrics:
+            return
+        sign = 1.0 if self.task.eval_mode == "max" else -1.0
+        cands = self.state["candidates"]
+        ranked = sorted(cands, key=lambda c: -sign * c[0])
+        if len(ranked) >= n and sign * metrics[key] <= sign * ranked[n - 1][0]:
+            return
+        full = gather_fp32_state_dict(self.engine.module, "")
+        path = self.run_dir / "best" / f"step_{step:09d}.safetensors"
+        if self.rt.is_main:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_file({k: v.contiguous() for k, v in full.items()}, str(path))
+        ranked = sorted(cands + [[metrics[key], step, str(path)]], key=lambda c: -sign * c[0])
+        for _, _, old in ranked[n:]:
+            if self.rt.is_main:
+                Path(old).unlink(missing_ok=True)
+        self.state["candidates"] = ranked[:n]
+        if dist.is_initialized():
+            dist.barrier()
+
+    def _selected_weights(self) -> tuple[dict[str, torch.Tensor], list[int]]:
+        """Collective. The average of the kept best weights, or the current weights when none were kept."""
+        cands = [c for c in self.state["candidates"] if Path(c[2]).is_file()]
+        if not cands:
+            return gather_fp32_state_dict(self.engine.module, ""), []
+        if dist.is_initialized():
+            dist.barrier()
+        if not self.rt.is_main:
+            return {}, [c[1] for c in cands]
+        states = [load_file(c[2]) for c in cands]
+        avg = {k: sum(st[k] for st in states) / len(states) for k in states[0]}
+        return avg, [c[1] for c in cands]
+
     def export(self, step: int, metrics: dict[str, float]) -> tuple[Path, str | None]:
-        state = gather_fp32_state_dict(self.engine.module, self.encoder_prefix)
+        full, steps = self._selected_weights()
         out = self.run_dir / "export"
         version = None
         if self.rt.is_main:
             from pretrain.tracking import git_commit
 
+            p = self.encoder_prefix
+            encoder = {k[len(p):]: v for k, v in full.items() if k.startswith(p)}
             meta = {"stage": self.cfg.run.stage, "task": self.task.name, "step": step,
+                    "selected_steps": steps, "selection_metric": self.task.eval_metric,
                     "init": self.cfg.run.init, "dataset_manifest": self.manifest_hash(),
                     "config_hash": config_hash(self.cfg), "git_commit": git_commit(),
                     "world_size": self.rt.world_size, "metrics": metrics,
                     "mlflow_run_id": self.tracker.run_id}
-            write_export(out, state, self.task.model_config(), self.train_data.tokenizer_path, meta)
-            self.task.write_export_extras(out, self.engine.module)
+            write_export(out, encoder, self.task.model_config(), self.train_data.tokenizer_path, meta)
+            self.task.write_export_extras(out, full)
             self.tracker.artifacts(out, "export")
             if self.cfg.tracking.register_model and self.tracker.run_id:
                 alias = self.task.registry_alias(self.cfg)

@@ -8,36 +8,43 @@ from hibert.config.base import Section
 
 
 class SourceConfig(Section):
-    """One raw corpus. `path` may be a file, a directory or a glob."""
+    """One raw corpus. `path` may be a file, a directory or a glob (relative paths: from the working dir)."""
     format: Literal["gigaword", "cnndm", "jsonl", "hf", "text"]
     path: str
-    name: str | None = None                # defaults to the file stem
-    text_field: str = "text"               # jsonl / hf
-    summary_field: str | None = None
-    id_field: str | None = None
-    title_field: str | None = None
-    sentence_field_is_list: bool = False   # jsonl/hf text given as a list of sentences
+    name: str | None = None                # prefix of the doc ids; defaults to the path's stem
+    text_field: str = "text"               # jsonl / hf; a list of strings = one paragraph per item
+    summary_field: str | None = None       # jsonl / hf; cnndm .story files always carry @highlight summaries
+    id_field: str | None = None            # jsonl / hf; None -> <file>:<line>
+    title_field: str | None = None         # jsonl / hf; used only with include_title
+    include_title: bool = False            # prepend the title / Gigaword HEADLINE as the first paragraph
     summary_sentence_sep: str | None = None  # e.g. " . " for See et al.'s CNN/DM highlights
-    hf_split: str | None = None
+    summary_glued: bool = False            # summary sentences concatenated without a space (BBC News Summary)
+    ptb_tokenized: bool = False            # See et al. CNN/DM: PTB tokens, -lrb-/-rrb-; split + detokenize
+    hf_split: str | None = None            # hf DatasetDict: one split (None = every split)
     split: Literal["train", "valid", "test"] | None = None  # force a split; None = hash of the doc id
     story_only: bool = True                # gigaword: keep type="story" only
 
 
 class TokenizerConfig(Section):
-    model: str | None = None               # reuse an existing SentencePiece model
+    model: str | None = None               # reuse an existing SentencePiece model (e.g. the open-domain one)
     vocab_size: int = 32000
     model_type: Literal["bpe", "unigram"] = "unigram"
-    sample_sentences: int = 1_000_000
+    hard_vocab_limit: bool = True          # false: vocab_size is an upper bound (small samples)
+    sample_sentences: int = 1_000_000      # segmented train-split sentences the model is trained on
     character_coverage: float = 0.9999
-    lowercase: bool = False
+    lowercase: bool = False                # nmt_nfkc_cf normalization instead of nmt_nfkc
 
 
 class SegmenterConfig(Section):
-    # "neural": stanza's neural tokenizer (needs stanza models in stanza_dir);
-    # "spacy": stanza pipeline with the spacy tokenizer, runs offline (no download).
+    # "neural": stanza's neural tokenizer (needs `stanza.download('en')` run into stanza_dir);
+    # "spacy": stanza's pipeline with its spacy tokenizer variant, runs offline (no download).
     kind: Literal["neural", "spacy"] = "spacy"
     stanza_dir: str | None = None
-    pretokenized: bool = False             # input already one sentence per line / space-tokenized
+    use_gpu: bool = False                  # neural only
+    batch_size: int = 256                  # documents per segmentation batch
+    # spacy kind: run the spaCy Language object stanza's variant builds instead of wrapping every token into
+    # stanza Document objects (identical sentences and tokens, ~3x faster; the tests check the identity).
+    fast: bool = True
 
 
 class OracleConfig(Section):
@@ -53,13 +60,15 @@ class DataConfig(Section):
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     segmenter: SegmenterConfig = Field(default_factory=SegmenterConfig)
     oracle: OracleConfig = Field(default_factory=OracleConfig)
-    max_sentence_tokens: int = 50          # HIBERT §4.1: truncate after 50 tokens
-    max_doc_sentences: int = 30            # HIBERT §4.1: split longer documents into chunks
-    valid_fraction: float = 0.02
-    test_fraction: float = 0.02
-    dedup: bool = True
-    docs_per_shard: int = 50_000
-    workers: int = 1
+    max_sentence_tokens: int = Field(50, ge=1)   # HIBERT §4.1: truncate after 50 tokens
+    max_doc_sentences: int = Field(30, ge=1)     # HIBERT §4.1: split longer documents into chunks
+    max_doc_chars: int = Field(1_000_000, ge=1)  # longer raw documents are skipped ("too_long")
+    valid_fraction: float = Field(0.02, ge=0.0)
+    test_fraction: float = Field(0.02, ge=0.0)
+    dedup: bool = True                     # drop exact-duplicate documents (whitespace-normalized text)
+    num_shards: int | None = None          # None -> max(workers, input size / shard_size_mb)
+    shard_size_mb: float = Field(256.0, gt=0)
+    workers: int = Field(1, ge=1)
     num_workers_loader: int = 2            # DataLoader workers during training
 
     @model_validator(mode="after")

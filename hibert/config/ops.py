@@ -1,7 +1,8 @@
 """Operational sections: run identity, experiment tracking and Slurm resources."""
-from typing import Literal
+import re
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from hibert.config.base import Section
 
@@ -22,19 +23,74 @@ class TrackingConfig(Section):
     peak_tflops: float | None = None       # per device; None -> guessed from the device name (MFU)
 
 
-class SlurmConfig(Section):
+class SlurmResources(Section):
+    """What one sbatch job asks for and how its script is set up. `slurm:` holds the defaults; a pipeline
+    stage may override any of these for itself (`resources:`)."""
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
-    time: str = "24:00:00"
-    nodes: int = 1
-    gpus_per_node: int = 8
-    cpus_per_task: int = 8
-    mem: str | None = None
-    signal_grace_s: int = 120              # --signal=B:USR1@<grace>
-    requeue: bool = True
-    array_parallelism: int | None = None   # %N on prep job arrays
-    container: str | None = None           # e.g. a pyxis --container-image
-    setup: list[str] = Field(default_factory=list)  # module loads, venv activation...
-    extra_sbatch: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    time: str = "24:00:00"                 # --time (e.g. 48:00:00, 2-00:00:00, UNLIMITED)
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(8, ge=0)    # 0: CPU cluster, no --gpus lines
+    ntasks_per_node: int | None = Field(None, ge=1)  # None: one task per GPU (1 when gpus_per_node=0)
+    cpus_per_task: int = Field(8, ge=1)
+    mem: str | None = None                 # --mem per node, e.g. 480G
+    signal_grace_s: int = Field(120, ge=0)  # --signal=B:USR1@<grace>: seconds to checkpoint before the limit
+    requeue: bool = True                   # --requeue, and requeue when the step exits with EX_TEMPFAIL (75)
+    container: str | None = None           # pyxis: srun --container-image=<container>
+    srun_args: list[str] = Field(default_factory=list)    # extra srun options, e.g. --container-mounts=...
+    setup: list[str] = Field(default_factory=list)        # shell lines: module loads, venv activation...
+    extra_sbatch: list[str] = Field(default_factory=list)  # extra #SBATCH options, e.g. --exclusive
+    env: dict[str, str] = Field(default_factory=dict)     # exported last (may override NCCL_DEBUG...)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+        if bad:
+            raise ValueError(f"not shell variable names: {bad}")
+        return env
+
+    @property
+    def tasks_per_node(self) -> int:
+        return self.ntasks_per_node or max(1, self.gpus_per_node)
+
+
+class SlurmStage(Section):
+    """One job of the chain `hibert submit` sends. Stages run in list order, each after the previous
+    one succeeded (afterok), unless `after` names others ([] = no dependency)."""
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # job name suffix; `--stages` picks by it
+    command: Literal["prep", "prep-merge", "pretrain", "finetune", "evaluate"]
+    recipe: str | None = None              # another recipe for this stage (name or path); None = the submitted one
+    overrides: list[str] = Field(default_factory=list)   # dotted overrides on the stage's command line
+    resources: dict[str, Any] = Field(default_factory=dict)  # SlurmResources fields for this stage only
+    after: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _check_resources(self) -> "SlurmStage":
+        try:  # unknown keys and bad types fail at load time, not at submit time
+            SlurmResources.model_validate(self.resources)
+        except ValidationError as e:
+            problems = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+            raise ValueError(f"stage {self.name!r} resources: {problems} "
+                             f"(valid keys: {', '.join(SlurmResources.model_fields)})") from None
+        return self
+
+
+class SlurmConfig(SlurmResources):
+    array_parallelism: int | None = Field(None, ge=1)  # %N on prep job arrays
+    prep_shards: int = Field(1, ge=1)      # prep job-array size: task i runs --shard-index i
+    cli: str | None = None                 # how the nodes call hibert; None = this install's python -m hibert.cli
+    pipeline: list[SlurmStage] = Field(default_factory=list)  # empty: prep, merge, pretrain x2, finetune, evaluate
+
+    @model_validator(mode="after")
+    def _check_pipeline(self) -> "SlurmConfig":
+        names = [s.name for s in self.pipeline]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"slurm.pipeline: duplicate stage names {sorted(dup)}")
+        for i, s in enumerate(self.pipeline):
+            unknown = [a for a in s.after or [] if a not in names[:i]]
+            if unknown:
+                raise ValueError(f"slurm.pipeline[{i}] ({s.name}): after={unknown} must name earlier stages")
+        return self

@@ -70,3 +70,6 @@ class CheckpointConfig(Section):
     every_steps: int = 1000
     keep_last: int = 3
     resume: str = "auto"                   # auto | never | <path to a checkpoint tag>
+    # Model selection: keep the weights of the best `keep_best` evaluations (by the task's validation
+    # metric) and export their average (1 = export the single best). 0 = export the last weights.
+    keep_best: int = 1

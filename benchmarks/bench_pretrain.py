@@ -1,0 +1,127 @@
+"""Pretraining throughput through the real runtime (DeepSpeed engine, loader, trainer).
+
+CPU: HIBERT_S, 1 vs 2 ranks, ZeRO 0/1/2/3: steps/s, real tokens/s, per-rank bytes of parameters +
+optimizer state. GPU: HIBERT_M bf16 ZeRO-1/2: tokens/s, MFU, data-wait fraction.
+
+    python benchmarks/bench_pretrain.py                     # CPU matrix (spawns the ranks itself)
+    python benchmarks/bench_pretrain.py --device cuda --size hibert_m --stages 1 2 --ranks 1
+Each configuration runs in fresh processes; results -> benchmarks/results/bench_pretrain_<device>.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One configuration, inside a launched rank."""
+    import logging
+
+    import torch.distributed as dist
+
+    from hibert.config import load_config
+    from pretrain.engine import init_distributed
+    from pretrain.masked_sentence import MaskedSentenceTask
+    from pretrain.memory import rank_state_bytes
+    from pretrain.trainer import Trainer
+    from workload import LengthsDataset, cnndm_lengths
+
+    out_root = tempfile.mkdtemp(prefix="bench-pretrain-")
+    cfg = load_config(None, [f"model={args.size}", f"deepspeed.zero_stage={args.zero}",
+                             f"deepspeed.precision={args.precision}", f"run.output_dir={out_root}",
+                             f"run.name=z{args.zero}", f"schedule.max_steps={args.warmup + args.steps}",
+                             f"schedule.batch_tokens={args.batch_tokens}", f"schedule.log_every={args.warmup}",
+                             "schedule.eval_every=0", "schedule.warmup_steps=100", "checkpoint.every_steps=0",
+                             "checkpoint.keep_best=0", "checkpoint.resume=never", "tracking.register_model=false",
+                             f"data.num_workers_loader={args.loader_workers}", "schedule.epochs=100"]
+                      + ([f"tracking.peak_tflops={args.peak_tflops}"] if args.peak_tflops else []))
+    rt = init_distributed(cfg)
+    logging.basicConfig(level=logging.WARNING)
+    data = LengthsDataset(cnndm_lengths(limit=args.docs), vocab=32000)
+    task = MaskedSentenceTask(cfg, 32000)
+    trainer = Trainer(cfg, task, rt, data, None)
+
+    # log_every = warmup: the window logged at step `warmup` covers the warmup, and with
+    # steps a multiple of warmup the last logged window is steady state.
+    trainer.fit()
+    m = dict(trainer.last_metrics)
+    mem = rank_state_bytes(trainer.engine)
+    if rt.rank == 0:
+        row = {"size": args.size, "zero": args.zero, "ranks": rt.world_size, "precision": rt.precision,
+               "device": rt.device.type, "steps": args.steps, **m, **mem}
+        Path(args.result).write_text(json.dumps(row))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--size", default="hibert_s")
+    p.add_argument("--stages", type=int, nargs="+", default=[0, 1, 2, 3])
+    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--precision", default="auto")
+    p.add_argument("--steps", type=int, default=9, help="timed steps (a multiple of --warmup)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--batch-tokens", type=int, default=4096)
+    p.add_argument("--docs", type=int, default=600)
+    p.add_argument("--loader-workers", type=int, default=1)
+    p.add_argument("--peak-tflops", type=float, default=None)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--zero", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--result", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+
+    from pretrain.launch import launch_local
+    from workload import machine
+
+    rows = []
+    for ranks in args.ranks:
+        for z in args.stages:
+            res = tempfile.mktemp(suffix=".json")
+            argv = [__file__, "--worker", "--zero", str(z), "--result", res, "--size", args.size,
+                    "--precision", args.precision, "--steps", str(args.steps), "--warmup", str(args.warmup),
+                    "--batch-tokens", str(args.batch_tokens), "--docs", str(args.docs),
+                    "--loader-workers", str(args.loader_workers)] + (
+                    ["--peak-tflops", str(args.peak_tflops)] if args.peak_tflops else [])
+            t = time.time()
+            code = launch_local(ranks, argv)
+            if code != 0 or not Path(res).is_file():
+                print(f"ranks={ranks} zero={z}: failed (exit {code})")
+                continue
+            row = json.loads(Path(res).read_text())
+            row["wall_s"] = time.time() - t
+            rows.append(row)
+            print(f"ranks={ranks} zero={z} tokens/s={row.get('tokens_per_s', 0):.0f} "
+                  f"state MiB/rank={row['total_bytes'] / 2**20:.1f} mfu={row.get('mfu', float('nan')):.3f}", flush=True)
+    if not rows:
+        sys.exit(1)
+    base = {r["ranks"]: r for r in rows if r["zero"] == 0} or {}
+    print(f"\n{'ranks':>5} {'zero':>4} {'prec':>5} {'tokens/s':>10} {'steps/s':>8} {'state MiB':>10} "
+          f"{'vs ZeRO-0':>9} {'MFU':>6} {'wait':>6}")
+    for r in rows:
+        ref = base.get(r["ranks"])
+        ratio = r["total_bytes"] / ref["total_bytes"] if ref else float("nan")
+        print(f"{r['ranks']:>5} {r['zero']:>4} {r['precision']:>5} {r.get('tokens_per_s', 0):>10.0f} "
+              f"{r.get('steps_per_s', float('nan')):>8.2f} {r['total_bytes'] / 2**20:>10.1f} {ratio:>9.2f} "
+              f"{r.get('mfu', float('nan')):>6.3f} {r.get('data_wait_fraction', float('nan')):>6.3f}")
+    out = HERE / "results" / f"bench_pretrain_{args.device}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"machine": machine(), "args": vars(args), "rows": rows}, indent=1))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Benchmark workloads: in-memory documents with the real sentence/document lengths of CNN/DM."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def cnndm_lengths(path: Path | None = None, max_tokens: int = 50, max_sents: int = 30,
+                  limit: int | None = None) -> list[list[int]]:
+    """Sentence lengths per document chunk: split on ' . ' (the PTB-tokenized text), whitespace tokens,
+    truncate at `max_tokens`, chunk at `max_sents` — the limits the real pipeline applies."""
+    path = path or SHARED / "in_domain" / "cnndm_train.jsonl"
+    docs: list[list[int]] = []
+    with open(path) as f:
+        for line in f:
+            art = json.loads(line)["article"]
+            lens = [min(max_tokens, len(s.split()) + 1) for s in re.split(r"(?<= \.) ", art) if s.strip()]
+            docs += [lens[i:i + max_sents] for i in range(0, len(lens), max_sents)]
+            if limit and len(docs) >= limit:
+                break
+    return docs
+
+
+class LengthsDataset:
+    """A DocumentDataset look-alike: random token ids with given lengths (only lengths matter for speed)."""
+
+    def __init__(self, lengths: list[list[int]], vocab: int, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        self.docs = [[rng.integers(6, vocab, size=n).astype(np.int32) for n in d] for d in lengths]
+        self.doc_num_sentences = np.array([len(d) for d in self.docs])
+        self.doc_num_tokens = np.array([sum(len(s) for s in d) for d in self.docs])
+        self.tokenizer_path = Path("/nonexistent")
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    def __getitem__(self, i: int) -> list[np.ndarray]:
+        return self.docs[i]
+
+
+def machine() -> dict:
+    info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "cpu_count": os.cpu_count(), "cpu": platform.processor() or "unknown"}
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["cuda"] = torch.version.cuda
+    return info

@@ -1,0 +1,140 @@
+"""`hibert finetune`, `hibert evaluate`, `hibert summarize`."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from pathlib import Path
+
+from hibert.config import Config
+
+
+def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--init", default=None, metavar="REF",
+                   help="encoder to start from: models:/hibert-encoder@in-domain, an export dir, or 'random'")
+    p.add_argument("--nproc", type=int, default=None, help="start N local ranks (CPU: gloo)")
+
+
+def run_finetune(cfg: Config, args: argparse.Namespace) -> int:
+    if getattr(args, "init", None):
+        cfg.run.init = None if args.init == "random" else args.init
+    cfg.run.stage = "finetune"
+    cfg.objective.kind = "extractive"
+    if args.nproc and "RANK" not in os.environ and "SLURM_PROCID" not in os.environ:
+        from pretrain.cli import relaunch
+
+        return relaunch(cfg, "finetune", args.nproc)
+    from data_prep import DocumentDataset
+    from finetune.extractive_task import ExtractiveTask
+    from pretrain.cli import check_init_compatible, load_init, setup_logging
+    from pretrain.engine import init_distributed
+    from pretrain.dist_env import REQUEUE_EXIT_CODE
+    from pretrain.masked_sentence import tokenizer_vocab_size
+    from pretrain.trainer import Trainer
+
+    rt = init_distributed(cfg)
+    setup_logging(rt.rank)
+    train = DocumentDataset(cfg.data.dataset_dir, "train")
+    valid = DocumentDataset(cfg.data.dataset_dir, "valid")
+    init = load_init(cfg, cfg.run_dir / "init" / f"rank{rt.rank}")
+    if init is not None:
+        check_init_compatible(cfg, init, train.tokenizer_path)
+        model_cfg = init[1].model_copy(update={"dropout": cfg.model.dropout})
+    else:
+        model_cfg = cfg.model.model_copy(update={"vocab_size": tokenizer_vocab_size(train.tokenizer_path)})
+    task = ExtractiveTask(cfg, model_cfg, init[0] if init else None)
+    result = Trainer(cfg, task, rt, train, valid).fit()
+    if rt.is_main:
+        logging.getLogger("hibert").info("finetune %s at step %d; export %s; version %s; %s", result.status,
+                                         result.step, result.export_dir, result.registered_version, result.metrics)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return REQUEUE_EXIT_CODE if result.status == "preempted" else 0
+
+
+def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="finetuned model: models:/hibert-extractive@latest or an "
+                   "export dir (default: <run dir>/export)")
+    p.add_argument("--split", default="test", help="split to evaluate (k is tuned on 'valid')")
+    p.add_argument("--out", default=None, help="report directory (default: <run dir>/report-<split>)")
+    p.add_argument("--no-tune", action="store_true", help="use the model's k and trigram blocking as trained")
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the CIs")
+
+
+def _model_ref(cfg: Config, ref: str | None) -> str:
+    return ref or str(cfg.run_dir / "export")
+
+
+def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
+    import torch
+
+    from data_prep import DocumentDataset
+    from finetune.evaluation import (chunk_to_doc_scores, documents, evaluate_systems, tune_selection,
+                                     write_report)
+    from finetune.inference import load_extractive, score_split
+    from hibert.registry import resolve_model, tracking_uri
+    from pretrain.trainer import file_hash
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    log = logging.getLogger("hibert.evaluate")
+    uri = tracking_uri(cfg.tracking.uri, cfg.run.output_dir)
+    ref = _model_ref(cfg, args.model)
+    local = resolve_model(ref, uri, cfg.run_dir / "eval-model")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, meta = load_extractive(local, device)
+    test = DocumentDataset(cfg.data.dataset_dir, args.split)
+    if len(test) == 0:
+        raise SystemExit(f"hibert evaluate: split {args.split!r} of {cfg.data.dataset_dir} is empty")
+    k, tb = meta["selection"].get("top_k", cfg.objective.top_k), meta["selection"].get("trigram_blocking", False)
+    tuning = None
+    if not args.no_tune:
+        valid = DocumentDataset(cfg.data.dataset_dir, "valid")
+        if len(valid):
+            tuning = tune_selection(valid, score_split(model, valid, device))
+            k, tb = tuning["k"], tuning["trigram_blocking"]
+            log.info("tuned on valid: k=%d trigram_blocking=%s", k, tb)
+    docs = documents(test)
+    scores = chunk_to_doc_scores(test, score_split(model, test, device))
+    result = evaluate_systems(docs, scores, k, tb, n_resamples=args.bootstrap)
+    manifest = Path(cfg.data.dataset_dir) / "manifest.json"
+    report_meta = {"model": ref, "encoder_init": meta.get("init"), "split": args.split, "k": k,
+                   "trigram_blocking": tb, "dataset_manifest": file_hash(manifest) if manifest.is_file() else "none",
+                   "finetune_run": meta.get("mlflow_run_id")}
+    out = Path(args.out) if args.out else cfg.run_dir / f"report-{args.split}"
+    paths = write_report(out, result, docs, report_meta)
+    if tuning:
+        (out / "tuning.json").write_text(json.dumps(tuning, indent=1))
+    _log_to_mlflow(cfg, uri, out, result, report_meta)
+    for name, sc in result["systems"].items():
+        print(f"{name:8s} " + "  ".join(f"{m.replace('_f', '')}={sc[m]['mean']:.2f}"
+                                        f"[{sc[m]['low']:.2f},{sc[m]['high']:.2f}]"
+                                        for m in ("rouge1_f", "rouge2_f", "rougeL_f")))
+    print(f"report: {paths['md']}  chart: {paths['png']}")
+    return 0
+
+
+def _log_to_mlflow(cfg: Config, uri: str, out: Path, result: dict, meta: dict) -> None:
+    import mlflow
+
+    from hibert.registry import client
+
+    client(uri)
+    mlflow.set_experiment(cfg.tracking.experiment)
+    with mlflow.start_run(run_name=f"{cfg.run.name}-evaluate-{meta['split']}"):
+        mlflow.set_tags({"stage": "evaluate", "dataset_manifest": meta["dataset_manifest"],
+                         "model": meta["model"], "encoder_init": str(meta["encoder_init"])})
+        mlflow.log_params({"k": meta["k"], "trigram_blocking": meta["trigram_blocking"], "split": meta["split"]})
+        for system, sc in result["systems"].items():
+            mlflow.log_metrics({f"{system}_{m}": v["mean"] for m, v in sc.items()})
+        mlflow.log_artifacts(str(out), artifact_path="report")
+
+
+def add_summarize_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="finetuned model: models:/hibert-extractive@latest or an export dir")
+    p.add_argument("--input", "-i", default="-", help="a text file (one document), a .jsonl file "
+                   "(one document per line, field --field), or - for stdin")
+    p.add_argument("--field", default="text", help="JSONL field holding the document text")
+    p.add_argument("--k", type=int, default=None, help="sentences to extract (default: the model's)")

@@ -1,0 +1,141 @@
+"""Extractive summarization as sentence labelling (HIBERT §3.3) on the shared training loop.
+
+Training minimises the NLL of the oracle labels (data_prep's greedy ROUGE oracle). Validation scores
+every validation document, picks the top-k sentences in document order and reports ROUGE against the
+reference; `valid_rouge` (mean of ROUGE-1/2/L F1) drives model selection and early stopping.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from hibert.config import Config
+from hibert.config.model import ModelConfig
+from pretrain.task import LoaderItem, Task
+
+
+@dataclass
+class ExtractiveBatch:
+    docs: object                       # modeling.PackedDocuments
+    labels: torch.Tensor               # [S] 0/1 per packed sentence
+
+    def to(self, device: torch.device) -> "ExtractiveBatch":
+        return ExtractiveBatch(self.docs.to(device), self.labels.to(device, non_blocking=True))
+
+
+def sentence_scores(model_out: torch.Tensor) -> torch.Tensor:
+    """Probability that each sentence belongs to the summary ([S, 2] softmax logits or [S] sigmoid)."""
+    if model_out.ndim == 2:
+        return model_out.float().softmax(-1)[:, 1]
+    return model_out.float().sigmoid()
+
+
+class ExtractiveTask(Task):
+    name = "extractive"
+    eval_metric = "valid_rouge"
+    eval_mode = "max"
+    stat_keys = ("loss_sum", "num_sentences", "correct")
+
+    def __init__(self, cfg: Config, model_cfg: ModelConfig, init_state: dict[str, torch.Tensor] | None = None):
+        self.cfg, self.model_cfg, self.init_state = cfg, model_cfg, init_state
+
+    def model_config(self) -> ModelConfig:
+        return self.model_cfg
+
+    def registry_name(self, cfg: Config) -> str:
+        return "hibert-extractive"
+
+    def registry_alias(self, cfg: Config) -> str | None:
+        return "latest"
+
+    def build_model(self) -> torch.nn.Module:
+        from modeling import HibertExtractive
+
+        model = HibertExtractive(self.model_cfg)
+        if self.init_state is not None:
+            from pretrain.export import load_encoder
+
+            load_encoder(model.encoder, self.init_state)
+        return model
+
+    def make_item(self, dataset, doc_indices: np.ndarray, epoch: int) -> LoaderItem:
+        from modeling import flops_per_batch, pack_documents
+
+        docs, labels = [], []
+        for i in doc_indices.tolist():
+            sents = dataset[i]
+            lab = dataset.labels(i)
+            if lab is None:
+                raise ValueError(f"{dataset.split} document {dataset.doc_id(i)} has no oracle labels: "
+                                 "extractive finetuning needs a corpus with summaries")
+            docs.append(sents)
+            labels.append(np.asarray(lab, dtype=np.int64))
+        batch = ExtractiveBatch(pack_documents(docs), torch.from_numpy(np.concatenate(labels)))
+        sent_lens = [len(s) + 1 for d in docs for s in d]
+        flops = flops_per_batch(self.model_cfg, sent_lens, [len(d) for d in docs], None, backward=True)
+        return LoaderItem(batch, real_tokens=sum(sent_lens), flops=flops, num_docs=len(docs),
+                          extra={"doc_indices": doc_indices.tolist(), "doc_lens": [len(d) for d in docs]})
+
+    def loss(self, engine, item: LoaderItem):
+        b: ExtractiveBatch = item.batch
+        logits = engine(b.docs)
+        loss = engine.module.loss(logits, b.labels)
+        n = b.labels.numel()
+        pred = (sentence_scores(logits) > 0.5).long()
+        item.extra["scores"] = sentence_scores(logits).detach()
+        return loss, {"loss_sum": loss.detach().double() * n,
+                      "num_sentences": torch.tensor(float(n), dtype=torch.float64),
+                      "correct": (pred == b.labels).sum().double()}
+
+    def summarize(self, sums: dict[str, float], prefix: str) -> dict[str, float]:
+        n = sums.get("num_sentences", 0.0)
+        if n <= 0:
+            return {}
+        return {f"{prefix}loss": sums["loss_sum"] / n, f"{prefix}accuracy": sums["correct"] / n}
+
+    def predict_chunks(self, trainer, data) -> dict[int, np.ndarray]:
+        """Collective: sentence scores for every chunk of `data`, complete on rank 0."""
+        mine: dict[int, np.ndarray] = {}
+        for item, counted in trainer.valid_items(data):
+            self.loss(trainer.engine, item)
+            if not counted:
+                continue
+            scores = item.extra["scores"].float().cpu().numpy()
+            start = 0
+            for i, n in zip(item.extra["doc_indices"], item.extra["doc_lens"]):
+                mine[i] = scores[start:start + n]
+                start += n
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            parts: list = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, mine)
+            mine = {k: v for p in parts for k, v in p.items()}
+        return mine
+
+    def evaluate(self, trainer) -> dict[str, float]:
+        from finetune.evaluation import rouge_of_selection
+
+        metrics = super().evaluate(trainer)
+        scores = self.predict_chunks(trainer, trainer.valid_data)
+        box = [None]
+        if trainer.rt.is_main:
+            r = rouge_of_selection(trainer.valid_data, scores, self.cfg.objective.top_k,
+                                   self.cfg.objective.trigram_blocking)
+            box = [{"valid_rouge1": r["rouge1_f"], "valid_rouge2": r["rouge2_f"], "valid_rougeL": r["rougeL_f"],
+                    "valid_rouge": (r["rouge1_f"] + r["rouge2_f"] + r["rougeL_f"]) / 3}]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(box, src=0)  # every rank takes the same early-stopping decision
+        return {**metrics, **box[0]}
+
+    def write_export_extras(self, out_dir, full_state: dict[str, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        head = {k[len("head."):]: v.contiguous() for k, v in full_state.items() if k.startswith("head.")}
+        save_file(head, str(Path(out_dir) / "head.safetensors"))
+        import json
+
+        (Path(out_dir) / "extractive.json").write_text(json.dumps({
+            "top_k": self.cfg.objective.top_k, "trigram_blocking": self.cfg.objective.trigram_blocking}))

@@ -1,0 +1,57 @@
+"""Load a finetuned extractive model from its export and score documents (single process, no DeepSpeed)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from finetune.extractive_task import sentence_scores
+from pretrain.batching import doc_costs, plan_epoch
+from pretrain.export import load_encoder, read_export
+
+
+def load_extractive(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict[str, Any]]:
+    from modeling import HibertExtractive
+
+    export_dir = Path(export_dir)
+    enc, model_cfg, meta = read_export(export_dir)
+    head_path = export_dir / "head.safetensors"
+    if not head_path.is_file():
+        raise FileNotFoundError(f"{export_dir} holds an encoder but no extractive head (head.safetensors): "
+                                "pass a model produced by `hibert finetune`")
+    model = HibertExtractive(model_cfg)
+    load_encoder(model.encoder, enc)
+    model.head.load_state_dict(load_file(str(head_path)))
+    settings_path = export_dir / "extractive.json"
+    settings = json.loads(settings_path.read_text()) if settings_path.is_file() else {}
+    return model.to(device).eval(), {**meta, "selection": settings, "model": model_cfg.model_dump()}
+
+
+@torch.no_grad()
+def score_documents(model: torch.nn.Module, docs: list[list[np.ndarray]], device: torch.device | str = "cpu",
+                    batch_tokens: int = 16384) -> list[np.ndarray]:
+    """Sentence scores for each document (list of encoded sentences), batched by token budget."""
+    from modeling import pack_documents
+
+    if not docs:
+        return []
+    costs = doc_costs(np.array([sum(len(s) for s in d) for d in docs]), np.array([len(d) for d in docs]))
+    plan = plan_epoch(costs, seed=0, epoch=0, batch_tokens=batch_tokens, max_docs=512, world=1, accum=1)
+    out: list[np.ndarray | None] = [None] * len(docs)
+    for idx in plan.batches:
+        batch = pack_documents([docs[i] for i in idx.tolist()]).to(device)
+        scores = sentence_scores(model(batch)).cpu().numpy()
+        start = 0
+        for i in idx.tolist():
+            out[i] = scores[start:start + len(docs[i])]
+            start += len(docs[i])
+    return out  # type: ignore[return-value]
+
+
+def score_split(model: torch.nn.Module, dataset, device: torch.device | str = "cpu") -> dict[int, np.ndarray]:
+    docs = [dataset[i] for i in range(len(dataset))]
+    return dict(enumerate(score_documents(model, docs, device)))
