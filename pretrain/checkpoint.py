@@ -27,6 +27,7 @@ from pretrain.rng_state import load_rng_state, save_rng_state
 log = logging.getLogger(__name__)
 MARKER = "COMPLETE.json"
 PREFIX = "step_"
+UNIVERSAL = "_universal"
 
 
 @dataclass
@@ -66,7 +67,7 @@ def complete_tags(root: Path) -> list[Path]:
     """Tags with a marker, newest first (by step)."""
     if not root.is_dir():
         return []
-    tags = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX)]
+    tags = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and not p.name.endswith(UNIVERSAL)]
     return sorted(tags, key=lambda p: p.name, reverse=True)
 
 
@@ -81,7 +82,12 @@ class CheckpointManager:
         if self.rank == 0 and tag_dir.exists():  # a stale partial save of the same step
             shutil.rmtree(tag_dir)
         dist.barrier()
-        engine.save_checkpoint(str(self.root), tag=tag, client_state={}, save_latest=False)
+        from deepspeed.checkpoint.constants import (UNIVERSAL_CHECKPOINT_INFO, UNIVERSAL_CHECKPOINT_VERSION_KEY,
+                                                    UNIVERSAL_CHECKPOINT_VERSION_VALUE)
+
+        # The universal-checkpoint info lets a later run with another world size convert this tag.
+        engine.save_checkpoint(str(self.root), tag=tag, save_latest=False, client_state={
+            UNIVERSAL_CHECKPOINT_INFO: {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}})
         save_rng_state(tag_dir / f"rng_rank{self.rank:05d}.safetensors")
         dist.barrier()  # every rank's shards are on disk before the marker says so
         if self.rank == 0:
@@ -112,6 +118,31 @@ class CheckpointManager:
         dist.broadcast_object_list(box, src=0)
         return [Resumable(tag, Path(p), s) for tag, p, s in box[0]]
 
+    def _load_universal(self, engine, c: Resumable):
+        """Another world size: convert the tag to DeepSpeed's universal format once (rank 0), then load
+        it with universal loading switched on (optimizer state is re-partitioned for this world)."""
+        import subprocess
+        import sys
+
+        target = self.root / f"{c.tag}{UNIVERSAL}"
+        if self.rank == 0 and not (target / MARKER).is_file():
+            shutil.rmtree(target, ignore_errors=True)
+            log.info("converting %s (world size %s) to a universal checkpoint for world size %d",
+                     c.path, c.state.get("world_size"), self.world)
+            out = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
+                                  str(c.path), "--output_folder", str(target), "--num_extract_workers", "1",
+                                  "--num_merge_workers", "1"], capture_output=True, text=True)
+            if out.returncode != 0:
+                raise RuntimeError(f"universal conversion of {c.path} failed: {out.stderr[-2000:]}")
+            (target / MARKER).write_text(json.dumps({"from": c.tag}))
+        dist.barrier()
+        engine._config.load_universal_checkpoint = True
+        try:
+            path, _ = engine.load_checkpoint(str(self.root), tag=target.name)
+        finally:
+            engine._config.load_universal_checkpoint = False
+        return path
+
     def resume(self, engine, explicit: str | None = None) -> Resumable | None:
         """Load the newest good checkpoint (or `explicit`). Collective. Returns None when there is none."""
         cands = self.candidates()
@@ -122,7 +153,10 @@ class CheckpointManager:
         for c in cands:
             ok = 1
             try:
-                path, _ = engine.load_checkpoint(str(self.root), tag=c.tag)
+                if c.state.get("world_size", self.world) != self.world:
+                    path = self._load_universal(engine, c)
+                else:
+                    path, _ = engine.load_checkpoint(str(self.root), tag=c.tag)
                 ok = int(path is not None)
             except Exception as e:  # corrupt shard content with the right size
                 log.warning("checkpoint %s failed to load (%s); trying an older one", c.path, e)
@@ -136,4 +170,7 @@ class CheckpointManager:
                 return c
             if self.rank == 0:
                 log.warning("checkpoint %s unusable on some rank; trying an older one", c.path)
+        if cands:  # never silently restart from scratch over existing training state
+            raise RuntimeError(f"none of the complete checkpoints in {self.root} could be loaded "
+                               f"({[c.tag for c in cands]}); fix or remove them, or set checkpoint.resume=never")
         return None

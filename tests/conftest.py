@@ -16,3 +16,59 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+# ---------------------------------------------------------------- shared prepared datasets
+import json as _json
+import subprocess as _subprocess
+import sys as _sys
+
+HIBERT = [_sys.executable, "-m", "hibert.cli"]
+
+
+def run_hibert(args: list[str], timeout: int = 600, check: bool = True, **kw) -> _subprocess.CompletedProcess:
+    """Run the real `hibert` command; on failure show its output."""
+    out = _subprocess.run(HIBERT + [str(a) for a in args], capture_output=True, text=True, timeout=timeout, **kw)
+    if check and out.returncode != 0:
+        raise AssertionError(f"hibert {' '.join(map(str, args))} exited {out.returncode}\n"
+                             f"--- stdout\n{out.stdout[-4000:]}\n--- stderr\n{out.stderr[-6000:]}")
+    return out
+
+
+def _subset(src: Path, dst: Path, n: int) -> Path:
+    lines = src.read_text(encoding="utf-8").splitlines()[:n]
+    dst.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return dst
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> dict[str, Path]:
+    """Two prepared datasets from the shipped samples, sharing one small tokenizer:
+    `open` (Reuters, no summaries) and `cnndm` (CNN/DM with summaries and oracle labels)."""
+    root = tmp_path_factory.mktemp("tiny_data")
+    reuters = _subset(REPO / "samples" / "reuters_sample.jsonl", root / "reuters.jsonl", 80)
+    cnn_train = _subset(REPO / "samples" / "cnndm_train_sample.jsonl", root / "cnn_train.jsonl", 40)
+    cnn_val = _subset(REPO / "samples" / "cnndm_val_sample.jsonl", root / "cnn_val.jsonl", 8)
+    cnn_test = _subset(REPO / "samples" / "cnndm_test_sample.jsonl", root / "cnn_test.jsonl", 8)
+    common = ["data.tokenizer.vocab_size=600", "data.valid_fraction=0.1", "data.test_fraction=0.0"]
+    run_hibert(["prep", *common, f"data.output={root / 'open'}",
+                f"data.sources=[{{format: jsonl, path: '{reuters}', text_field: body, id_field: newid, "
+                f"title_field: title}}]"])
+    cnn = "format: jsonl, text_field: article, summary_field: highlights, id_field: idx, summary_sentence_sep: ' . '"
+    run_hibert(["prep", *common, f"data.output={root / 'cnndm'}",
+                f"data.tokenizer.model={root / 'open' / 'tokenizer.model'}",
+                f"data.sources=[{{{cnn}, path: '{cnn_train}', split: train}}, {{{cnn}, path: '{cnn_val}', split: valid}},"
+                f" {{{cnn}, path: '{cnn_test}', split: test}}]"])
+    return {"root": root, "open": root / "open", "cnndm": root / "cnndm"}
+
+
+def tiny_train_overrides(run_root: Path, name: str, dataset: Path, **extra) -> list[str]:
+    """A tiny model and a short schedule for multi-process tests."""
+    base = {"model": "hibert_tiny", "model.dropout": 0.0, "run.output_dir": run_root, "run.name": name,
+            "data.dataset": dataset, "data.num_workers_loader": 1, "schedule.batch_tokens": 1500,
+            "schedule.max_docs_per_batch": 16, "schedule.warmup_steps": 2, "schedule.log_every": 1,
+            "schedule.eval_every": 0, "schedule.epochs": 20, "optimizer.lr": 1e-3,
+            "checkpoint.every_steps": 2, "checkpoint.keep_last": 5, "checkpoint.keep_best": 0,
+            "deepspeed.zero_stage": 2}
+    base.update(extra)
+    return [f"{k}={v}" for k, v in base.items()]

@@ -1,0 +1,156 @@
+"""`make demo`: run a recipe's staged pipeline locally on the shipped sample and show the results.
+
+The stages are the recipe's `slurm.pipeline` — the same chain `hibert submit` sends to Slurm — run here
+as local subprocesses (training with 2 CPU ranks). A finished stage leaves a marker and is reused on the
+next run unless --fresh; a failure names the stage and its log file.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hibert.config import Config, load_config
+
+LOCAL_SKIP = {"prep-merge"}    # a local `hibert prep` (no --num-shards) already merges
+
+
+def stage_key(argv: list[str]) -> str:
+    return hashlib.sha256(json.dumps(argv).encode()).hexdigest()[:16]
+
+
+def run_stages(cfg: Config, recipe: Path, nproc: int, fresh: bool, extra: list[str]) -> list[dict]:
+    from slurm.stages import default_pipeline
+
+    root = Path(cfg.run.output_dir)
+    if fresh and root.exists():
+        shutil.rmtree(root)
+    (root / "logs").mkdir(parents=True, exist_ok=True)
+    (root / ".stages").mkdir(parents=True, exist_ok=True)
+    pipeline = cfg.slurm.pipeline or default_pipeline(cfg)
+    rows = []
+    for st in pipeline:
+        if st.command in LOCAL_SKIP:
+            continue
+        stage_recipe = recipe if st.recipe is None else st.recipe
+        argv = [sys.executable, "-m", "hibert.cli", st.command, str(stage_recipe), *extra, *st.overrides]
+        if st.command in ("pretrain", "finetune") and nproc > 1:
+            argv += ["--nproc", str(nproc)]
+        marker = root / ".stages" / f"{st.name}.json"
+        log = root / "logs" / f"{st.name}.log"
+        if marker.is_file() and json.loads(marker.read_text()).get("key") == stage_key(argv):
+            rows.append({"stage": st.name, "seconds": json.loads(marker.read_text())["seconds"], "reused": True})
+            print(f"[demo] {st.name:<14} reused (finished earlier; --fresh to redo)", flush=True)
+            continue
+        print(f"[demo] {st.name:<14} running: hibert {st.command} ... (log: {log})", flush=True)
+        t0 = time.time()
+        with open(log, "a") as f:
+            f.write(f"\n$ {' '.join(argv)}\n")
+            f.flush()
+            code = subprocess.call(argv, stdout=f, stderr=subprocess.STDOUT)
+        dt = time.time() - t0
+        if code != 0:
+            tail = log.read_text(errors="replace").splitlines()[-15:]
+            print("\n".join("    " + line for line in tail))
+            raise SystemExit(f"[demo] stage {st.name!r} failed (exit {code}) after {dt:.0f}s; full log: {log}")
+        marker.write_text(json.dumps({"key": stage_key(argv), "seconds": dt}))
+        rows.append({"stage": st.name, "seconds": dt, "reused": False})
+        print(f"[demo] {st.name:<14} done in {dt:.0f}s", flush=True)
+    return rows
+
+
+def plot_losses(cfg: Config, out: Path) -> Path | None:
+    """Training/validation loss curves of every training run in the demo's MLflow store."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import mlflow
+
+    from hibert.registry import client, tracking_uri
+
+    c = client(tracking_uri(cfg.tracking.uri, cfg.run.output_dir))
+    exp = c.get_experiment_by_name(cfg.tracking.experiment)
+    if exp is None:
+        return None
+    runs = c.search_runs([exp.experiment_id], filter_string="tags.task != ''")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    for run in sorted(runs, key=lambda r: r.info.start_time):
+        name = run.info.run_name
+        for ax, key in zip(axes, ("train_loss", "valid_loss")):
+            hist = c.get_metric_history(run.info.run_id, key)
+            if hist:
+                hist.sort(key=lambda m: m.step)
+                ax.plot([m.step for m in hist], [m.value for m in hist], marker="." if key == "valid_loss" else None,
+                        label=name)
+    for ax, title in zip(axes, ("training loss", "validation loss")):
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hibert.demo", description=__doc__)
+    p.add_argument("recipe", nargs="?", default="demo", help="recipe with a slurm.pipeline (default: demo)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides applied to every stage")
+    p.add_argument("--fresh", action="store_true", help="start from nothing instead of reusing finished stages")
+    p.add_argument("--nproc", type=int, default=2, help="local ranks for training stages")
+    p.add_argument("--article", default="samples/cnndm_test_sample.jsonl",
+                   help="held-back articles; the first one is summarized at the end")
+    args = p.parse_args(argv)
+    from slurm.stages import find_recipe
+
+    recipe = find_recipe(args.recipe)
+    cfg = load_config(recipe, args.overrides)
+    t0 = time.time()
+    rows = run_stages(cfg, recipe, args.nproc, args.fresh, args.overrides)
+    root = Path(cfg.run.output_dir)
+
+    print("\n== stages ==")
+    for r in rows:
+        print(f"  {r['stage']:<14} {r['seconds']:7.1f}s{'  (reused)' if r['reused'] else ''}")
+    print(f"  {'total':<14} {time.time() - t0:7.1f}s (this invocation)")
+
+    reports = sorted(root.glob("*/report-test/report.json"))
+    if reports:
+        rep = json.loads(reports[-1].read_text())
+        print(f"\n== ROUGE F1 on {rep['num_documents']} held-out test documents (rouge-score, 95% CI) ==")
+        for system, sc in rep["scores"].items():
+            cells = "  ".join(f"{m.replace('_f', ''):>6} {sc[m]['mean']:5.2f} [{sc[m]['low']:5.2f},{sc[m]['high']:5.2f}]"
+                              for m in ("rouge1_f", "rouge2_f", "rougeL_f"))
+            print(f"  {system:<7} {cells}")
+    curves = plot_losses(cfg, root / "report" / "loss_curves.png")
+
+    exports = sorted(root.glob("*finetune*/export/head.safetensors"))
+    article = Path(args.article)
+    if exports and article.is_file():
+        print(f"\n== summary of a held-back article ({article}, first record) ==")
+        out = subprocess.run([sys.executable, "-m", "hibert.cli", "summarize", str(recipe), *args.overrides,
+                              "--model", str(exports[-1].parent), "--input", str(article), "--field", "article",
+                              "--limit", "1"], capture_output=True, text=True)
+        print(out.stdout.strip() or out.stderr.strip()[-2000:])
+
+    print("\n== where to look ==")
+    for r in reports:
+        print(f"  report:       {r.with_suffix('.md')}  (chart: {r.parent / 'rouge.png'})")
+    if curves:
+        print(f"  loss curves:  {curves}")
+    print(f"  registry:     hibert registry list --output-dir {root}")
+    print(f"  MLflow UI:    .venv/bin/mlflow ui --backend-store-uri sqlite:///{(root / 'mlflow.db').resolve()} "
+          f"--port 5000   (then open http://localhost:5000)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""`hibert pretrain` for real: DeepSpeed ZeRO on 2 CPU ranks (gloo), checkpoints, resume, preemption,
+registry stages. Every multi-process step has a hard timeout."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import HIBERT, run_hibert, tiny_train_overrides
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def encoder_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run_dir / "export" / "encoder.safetensors"))
+
+
+def assert_same(a: dict, b: dict, exact: bool = True, atol: float = 0.0) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        if exact:
+            assert torch.equal(a[k], b[k]), f"{k} differs"
+        else:
+            torch.testing.assert_close(a[k], b[k], atol=atol, rtol=0, msg=f"{k} differs")
+
+
+def metric_history(run_root: Path, run_name: str, key: str) -> list[float]:
+    from hibert.registry import client
+
+    c = client(f"sqlite:///{run_root / 'mlflow.db'}")
+    exp = c.get_experiment_by_name("hibert")
+    runs = c.search_runs([exp.experiment_id], filter_string=f"attributes.run_name = '{run_name}'")
+    assert runs, f"no MLflow run named {run_name}"
+    hist = sorted(c.get_metric_history(runs[0].info.run_id, key), key=lambda m: m.step)
+    return [m.value for m in hist]
+
+
+@pytest.fixture(scope="module")
+def reference_run(tiny_data, tmp_path_factory):
+    """An uninterrupted 2-rank ZeRO-2 run of 8 steps: the reference for resume and preemption tests."""
+    root = tmp_path_factory.mktemp("ref")
+    run_hibert(["pretrain", *tiny_train_overrides(root, "ref", tiny_data["open"], **{"schedule.max_steps": 8}),
+                "--stage", "open-domain", "--nproc", "2"], timeout=300)
+    return root / "ref"
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_stage_trains_and_loss_falls(tiny_data, tmp_path, stage):
+    run_hibert(["pretrain", *tiny_train_overrides(tmp_path, f"z{stage}", tiny_data["open"], **{
+        "deepspeed.zero_stage": stage, "schedule.max_steps": 16, "checkpoint.every_steps": 0,
+        "tracking.register_model": "false"}), "--nproc", "2"], timeout=300)
+    losses = metric_history(tmp_path, f"z{stage}", "train_loss")
+    assert len(losses) == 16
+    assert np.mean(losses[-4:]) < np.mean(losses[:4]) - 0.3, losses
+    assert (tmp_path / f"z{stage}" / "export" / "encoder.safetensors").is_file()
+
+
+def test_two_ranks_equal_one_process_on_the_same_global_batch(tiny_data, tmp_path, reference_run):
+    # reference: 2 ranks x 1 micro-batch; here: 1 rank x 2 accumulated micro-batches = same global batch
+    run_hibert(["pretrain", *tiny_train_overrides(tmp_path, "single", tiny_data["open"], **{
+        "schedule.max_steps": 8, "schedule.grad_accum": 2, "tracking.register_model": "false"})], timeout=300)
+    assert_same(encoder_weights(reference_run), encoder_weights(tmp_path / "single"), exact=False, atol=1e-5)
+
+
+def _start(args: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(HIBERT + args, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
+    t0 = time.time()
+    while not path.is_file():
+        assert proc.poll() is None, f"run ended (exit {proc.returncode}) before {path} appeared"
+        assert time.time() - t0 < timeout, f"{path} did not appear in {timeout}s"
+        time.sleep(0.2)
+
+
+def test_kill9_then_resume_is_bit_identical(tiny_data, tmp_path, reference_run):
+    args = ["pretrain", *tiny_train_overrides(tmp_path, "ref", tiny_data["open"], **{"schedule.max_steps": 8}),
+            "--stage", "open-domain", "--nproc", "2"]
+    proc = _start(args, tmp_path / "first.log")
+    try:
+        _wait_for(tmp_path / "ref" / "checkpoints" / "step_000000004" / "COMPLETE.json", proc)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert not (tmp_path / "ref" / "export").exists()
+    out = run_hibert(args, timeout=300)
+    assert "resumed from" in out.stderr
+    assert_same(encoder_weights(reference_run), encoder_weights(tmp_path / "ref"))
+
+
+def test_sigusr1_checkpoints_exits_for_requeue_and_resumes(tiny_data, tmp_path, reference_run):
+    from pretrain.dist_env import REQUEUE_EXIT_CODE
+
+    args = ["pretrain", *tiny_train_overrides(tmp_path, "ref", tiny_data["open"], **{
+        "schedule.max_steps": 8, "checkpoint.every_steps": 100}), "--stage", "open-domain", "--nproc", "2"]
+    proc = _start(args, tmp_path / "first.log")
+    try:
+        # wait until training runs (the first logged step), then preempt
+        t0 = time.time()
+        while "step 2 " not in (tmp_path / "first.log").read_text(errors="replace"):
+            assert proc.poll() is None and time.time() - t0 < 240, (tmp_path / "first.log").read_text()[-3000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGUSR1)
+        code = proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = (tmp_path / "first.log").read_text(errors="replace")
+    assert code == REQUEUE_EXIT_CODE, log[-3000:]
+    assert "preempted by SIGUSR1" in log
+    tags = sorted((tmp_path / "ref" / "checkpoints").glob("step_*/COMPLETE.json"))
+    assert len(tags) == 1 and 2 <= int(tags[0].parent.name.split("_")[1]) < 8
+    run_hibert(args, timeout=300)
+    assert_same(encoder_weights(reference_run), encoder_weights(tmp_path / "ref"))
+
+
+def test_corrupt_newest_checkpoint_is_skipped(tiny_data, tmp_path):
+    over = tiny_train_overrides(tmp_path, "c", tiny_data["open"], **{"schedule.max_steps": 6,
+                                                                      "tracking.register_model": "false"})
+    run_hibert(["pretrain", *over, "--nproc", "2"], timeout=300)
+    newest = tmp_path / "c" / "checkpoints" / "step_000000006"
+    victim = sorted(newest.glob("*optim_states.pt"))[0]
+    victim.write_bytes(victim.read_bytes()[:100])  # truncated, as by a full disk
+    out = run_hibert(["pretrain", *over, "schedule.max_steps=8", "--nproc", "2"], timeout=300)
+    assert "step_000000006 skipped" in out.stderr and "truncated" in out.stderr
+    assert "resumed from" in out.stderr and "step_000000004" in out.stderr
+
+
+def test_stage_two_starts_from_the_registered_stage_one_encoder(tiny_data, tmp_path):
+    from hibert.registry import list_versions
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_hibert(["pretrain", *tiny_train_overrides(tmp_path, "open", tiny_data["open"], **{"schedule.max_steps": 4}),
+                "--stage", "open-domain", "--nproc", "2"], timeout=300)
+    # lr 0: the in-domain export must equal the open-domain encoder it was initialised from
+    run_hibert(["pretrain", *tiny_train_overrides(tmp_path, "in", tiny_data["cnndm"], **{
+        "schedule.max_steps": 2, "optimizer.lr": 0.0}), "--stage", "in-domain",
+        "--init", "models:/hibert-encoder@open-domain", "--nproc", "2"], timeout=300)
+    assert_same(encoder_weights(tmp_path / "open"), encoder_weights(tmp_path / "in"))
+    rows = {tuple(r["aliases"]): r for r in list_versions(uri, "hibert-encoder")}
+    assert ("open-domain",) in rows and ("in-domain",) in rows
+    assert rows[("in-domain",)]["tags"]["stage"] == "in-domain"
+    assert rows[("open-domain",)]["tags"]["world_size"] == "2"
+
+
+def test_masks_identical_across_loader_worker_counts(tiny_data):
+    from data_prep import DocumentDataset
+    from hibert.config import load_config
+    from pretrain.loader import make_loader
+    from pretrain.masked_sentence import MaskedSentenceTask
+
+    cfg = load_config(None, ["model=hibert_tiny"])
+    ds = DocumentDataset(tiny_data["open"], "train")
+    task = MaskedSentenceTask(cfg, 600)
+    batches = [np.arange(i, min(i + 5, len(ds))) for i in range(0, min(40, len(ds)), 5)]
+    a = [it.batch for it in make_loader(task, ds, batches, epoch=3, workers=0)]
+    b = [it.batch for it in make_loader(task, ds, batches, epoch=3, workers=2)]
+    c = [it.batch for it in make_loader(task, ds, batches[3:], epoch=3, workers=1)]  # "resumed" at batch 3
+    for x, y in zip(a, b):
+        assert torch.equal(x.docs.tokens, y.docs.tokens) and torch.equal(x.dec_tokens, y.dec_tokens) and torch.equal(x.dec_labels, y.dec_labels)
+    for x, y in zip(a[3:], c):
+        assert torch.equal(x.docs.tokens, y.docs.tokens)
+
+
+def test_resume_on_another_world_size_via_universal_checkpoint(tiny_data, tmp_path, reference_run):
+    # 2 ranks for 4 steps, then 1 rank accumulating 2 micro-batches (same global batch) up to step 8
+    over = tiny_train_overrides(tmp_path, "ref", tiny_data["open"])
+    run_hibert(["pretrain", *over, "schedule.max_steps=4", "--stage", "open-domain", "--nproc", "2"], timeout=300)
+    out = run_hibert(["pretrain", *over, "schedule.max_steps=8", "schedule.grad_accum=2", "--stage", "open-domain"],
+                     timeout=300)
+    assert "universal checkpoint for world size 1" in out.stderr and "resumed from" in out.stderr
+    assert_same(encoder_weights(reference_run), encoder_weights(tmp_path / "ref"), exact=False, atol=1e-5)
