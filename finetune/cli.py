@@ -138,3 +138,36 @@ def add_summarize_arguments(p: argparse.ArgumentParser) -> None:
                    "(one document per line, field --field), or - for stdin")
     p.add_argument("--field", default="text", help="JSONL field holding the document text")
     p.add_argument("--k", type=int, default=None, help="sentences to extract (default: the model's)")
+    p.add_argument("--limit", type=int, default=None, help="summarize at most N documents of a JSONL input")
+    p.add_argument("--json", action="store_true", help="print one JSON object per document")
+
+
+def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
+    import sys
+
+    import torch
+
+    from finetune.summarize import InputError, Summarizer, read_documents
+    from hibert.registry import resolve_model, tracking_uri
+
+    ref = _model_ref(cfg, args.model)
+    try:
+        local = resolve_model(ref, tracking_uri(cfg.tracking.uri, cfg.run.output_dir), cfg.run_dir / "summarize-model")
+        summarizer = Summarizer(local, "cuda" if torch.cuda.is_available() else "cpu", cfg.data.segmenter.stanza_dir)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"hibert summarize: cannot load model {ref!r}: {e}", file=sys.stderr)
+        return 2
+    try:
+        for doc_id, text in read_documents(args.input, args.field, args.limit):
+            s = summarizer(doc_id, text, args.k)
+            if args.json:
+                print(json.dumps({"id": s.doc_id, "summary": s.sentences, "indices": s.indices,
+                                  "num_sentences": s.num_sentences, "note": s.note}))
+            else:
+                note = f" ({s.note})" if s.note else ""
+                print(f"# {s.doc_id}: {len(s.sentences)} of {s.num_sentences} sentences{note}")
+                print("\n".join(s.sentences) if s.sentences else "(no summary: the document has no sentences)")
+    except InputError as e:
+        print(f"hibert summarize: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -77,7 +77,14 @@ def _split_config_and_overrides(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # `key=value` overrides may come after options (`--nproc 2 model.hidden=64`); anything else is an error
+    stray = [e for e in extra if "=" in e and not e.startswith("-")]
+    unknown = [e for e in extra if e not in stray]
+    if unknown or (stray and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(unknown or stray)}")
+    if stray:
+        args.overrides = [*args.overrides, *stray]
     if not args.command:
         parser.print_help()
         return 2

@@ -39,8 +39,10 @@ def gather_fp32_state_dict(module: torch.nn.Module, prefix: str = "") -> dict[st
             full = p.detach()
         if name.startswith(prefix):
             out[name[len(prefix):]] = full.detach().float().cpu().clone()
+    non_persistent = {f"{m}.{b}" if m else b for m, sub in module.named_modules()
+                      for b in getattr(sub, "_non_persistent_buffers_set", ())}
     for name, b in module.named_buffers():
-        if name.startswith(prefix) and b is not None:
+        if name.startswith(prefix) and b is not None and name not in non_persistent:
             out.setdefault(name[len(prefix):], b.detach().cpu().clone())
     if dist.is_initialized():
         dist.barrier()

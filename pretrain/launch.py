@@ -38,14 +38,20 @@ def launch_local(nproc: int, argv: list[str]) -> int:
     old = {s: signal.signal(s, forward) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
     try:
         codes: dict[int, int] = {}
+        failed_at: float | None = None
         while len(codes) < nproc:
             for i, p in enumerate(procs):
                 if i not in codes and p.poll() is not None:
                     codes[i] = p.returncode
-                    if p.returncode not in (0, REQUEUE_EXIT_CODE):  # one rank died: stop the others
+                    if p.returncode not in (0, REQUEUE_EXIT_CODE) and failed_at is None:
+                        failed_at = time.time()  # one rank died: the others would wait in a collective
                         for q in procs:
                             if q.poll() is None:
                                 q.terminate()
+            if failed_at is not None and time.time() - failed_at > 20:
+                for q in procs:
+                    if q.poll() is None:
+                        q.kill()
             time.sleep(0.2)
     finally:
         for s, h in old.items():

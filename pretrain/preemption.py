@@ -31,6 +31,15 @@ class PreemptionFlag:
 
 
 def ignore_preemption_signals(_worker_id: int = 0) -> None:
-    """DataLoader worker_init_fn: only the trainer reacts to preemption; workers must not die first."""
+    """DataLoader worker_init_fn: only the trainer reacts to preemption; workers must keep feeding it
+    while it finishes the step and checkpoints. Since they ignore SIGTERM, they are tied to their parent's
+    life instead (Linux PR_SET_PDEATHSIG), so no worker outlives a crashed trainer."""
     for s in PreemptionFlag.SIGNALS:
         signal.signal(s, signal.SIG_IGN)
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except OSError:
+        pass

@@ -143,12 +143,20 @@ class Trainer:
         if rt.is_main:
             save_resolved(cfg, self.run_dir)
         self._resume()
+        done = self.run_dir / "export" / "registry.json"
+        if self.state.get("finished") and done.is_file():
+            # A finished run started again (e.g. a requeue after the last step): nothing left to do.
+            if rt.is_main:
+                log.info("run already finished at step %d; export: %s", self.state["global_step"], done.parent)
+            version = json.loads(done.read_text()).get("version")
+            return TrainResult("finished", self.state["global_step"], done.parent, {}, version)
         tags = {"stage": cfg.run.stage, "task": self.task.name, "world_size": str(rt.world_size),
                 "dataset_manifest": self.manifest_hash(), "precision": rt.precision,
                 "zero_stage": str(cfg.deepspeed.zero_stage)}
         self.state["mlflow_run_id"] = self.tracker.start(self.state["mlflow_run_id"], tags) or self.state["mlflow_run_id"]
         window = Window(default_peak_tflops(rt.device, cfg.tracking.peak_tflops), rt.world_size)
         status, last_eval, last_saved = "finished", {}, -1
+        it = None
         train_stats: dict[str, float] = {}
         try:
             while self.state["epoch"] < s.epochs:
@@ -156,6 +164,7 @@ class Trainer:
                 plan = self.plan(epoch)
                 start = self.state["step_in_epoch"]
                 mine = plan.rank_batches(rt.rank, rt.world_size, s.grad_accum, start)
+                self._close(it)
                 it = iter(make_loader(self.task, self.train_data, mine, epoch, cfg.data.num_workers_loader))
                 for _ in range(start, plan.steps):
                     for _a in range(s.grad_accum):
@@ -204,6 +213,7 @@ class Trainer:
                     break
                 self.state["epoch"] += 1
                 self.state["step_in_epoch"] = 0
+            self._close(it)
             step = self.state["global_step"]
             if status == "preempted":
                 if last_saved != step:
@@ -217,14 +227,22 @@ class Trainer:
                 last_eval = self.evaluate()
                 self.tracker.metrics(last_eval, step)
                 self._keep_if_best(last_eval, step)
-            if last_saved != step:
-                self.ckpt.save(self.engine, step, self.state)
+            self.state["finished"] = True
+            self.ckpt.save(self.engine, step, self.state)  # marks the run finished for any restart
             export_dir, version = self.export(step, last_eval)
             self.tracker.end()
             return TrainResult(status, step, export_dir, last_eval, version)
         except BaseException:
+            self._close(it)
             self.tracker.end("FAILED")
             raise
+
+    @staticmethod
+    def _close(it) -> None:
+        """Stop a DataLoader iterator's workers now (they ignore SIGTERM, so exit-time cleanup can't)."""
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
 
     def _early_stop(self, metrics: dict[str, float]) -> bool:
         key, patience = self.task.eval_metric, self.cfg.schedule.early_stop_patience
@@ -239,6 +257,14 @@ class Trainer:
         return patience is not None and self.state["evals_without_improvement"] >= patience
 
     # ---------------------------------------------------------------- export + registry
+    def data_settings(self) -> dict[str, Any]:
+        """How the training data was made (segmenter, limits, tokenizer): `summarize` redoes exactly this."""
+        m = Path(self.cfg.data.dataset_dir) / "manifest.json"
+        if not m.is_file():
+            return {}
+        manifest = json.loads(m.read_text())
+        return {k: manifest[k] for k in ("segmenter", "limits", "tokenizer") if k in manifest}
+
     def manifest_hash(self) -> str:
         m = Path(self.cfg.data.dataset_dir) / "manifest.json"
         return file_hash(m) if m.is_file() else "none"
@@ -293,7 +319,7 @@ class Trainer:
                     "init": self.cfg.run.init, "dataset_manifest": self.manifest_hash(),
                     "config_hash": config_hash(self.cfg), "git_commit": git_commit(),
                     "world_size": self.rt.world_size, "metrics": metrics,
-                    "mlflow_run_id": self.tracker.run_id}
+                    "mlflow_run_id": self.tracker.run_id, "data": self.data_settings()}
             write_export(out, encoder, self.task.model_config(), self.train_data.tokenizer_path, meta)
             self.task.write_export_extras(out, full)
             self.tracker.artifacts(out, "export")

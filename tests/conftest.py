@@ -54,7 +54,8 @@ def tiny_data(tmp_path_factory) -> dict[str, Path]:
     run_hibert(["prep", *common, f"data.output={root / 'open'}",
                 f"data.sources=[{{format: jsonl, path: '{reuters}', text_field: body, id_field: newid, "
                 f"title_field: title}}]"])
-    cnn = "format: jsonl, text_field: article, summary_field: highlights, id_field: idx, summary_sentence_sep: ' . '"
+    cnn = ("format: jsonl, text_field: article, summary_field: highlights, id_field: idx, "
+           "summary_sentence_sep: ' . ', ptb_tokenized: true")
     run_hibert(["prep", *common, f"data.output={root / 'cnndm'}",
                 f"data.tokenizer.model={root / 'open' / 'tokenizer.model'}",
                 f"data.sources=[{{{cnn}, path: '{cnn_train}', split: train}}, {{{cnn}, path: '{cnn_val}', split: valid}},"

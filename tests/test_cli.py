@@ -53,3 +53,8 @@ def test_registry_list_on_empty_store(tmp_path, capsys):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert main(["registry", "list", "--uri", uri]) == 0
     assert "no registered models" in capsys.readouterr().out
+
+
+def test_overrides_may_follow_options(capsys):
+    assert main(["pretrain", "--stage", "open-domain", "model.hidden=256", "--print-config"]) == 0
+    assert "hidden: 256" in capsys.readouterr().out

@@ -79,7 +79,7 @@ class SlurmStage(Section):
 
 class SlurmConfig(SlurmResources):
     array_parallelism: int | None = Field(None, ge=1)  # %N on prep job arrays
-    prep_shards: int = Field(1, ge=1)      # prep job-array size: task i runs --shard-index i
+    prep_shards: int | None = Field(None, ge=1)  # prep job-array size (task i: --shard-index i); None: data.num_shards or 1
     cli: str | None = None                 # how the nodes call hibert; None = this install's python -m hibert.cli
     pipeline: list[SlurmStage] = Field(default_factory=list)  # empty: prep, merge, pretrain x2, finetune, evaluate
 

@@ -1,0 +1,131 @@
+"""End-to-end `hibert prep` throughput: words/s per core with 1 and 2 workers, and the GIGA-CM projection.
+
+The tokenizer is trained once (timed separately: a one-off on a sample); each measured run is a fresh
+`hibert prep` process that reuses it and prepares the whole corpus: start-up, read, segment (stanza, spaCy
+variant, offline), encode, limits/chunks, write shards, merge. `steady` figures divide by the shards' own
+CPU time (no start-up). Words are whitespace-separated words of the input documents that were
+kept (the conservative count; the segmenter's word tokens are reported too).
+
+    python benchmarks/bench_prep.py                      # Reuters-21578 from ../shared/data
+    python benchmarks/bench_prep.py --input samples/reuters_sample.jsonl --workers 1 2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from data_prep import prepare  # noqa: E402
+from hibert.config.data import DataConfig, SourceConfig, TokenizerConfig  # noqa: E402
+
+GIGA_CM_WORDS = 2.85e9
+
+
+def input_words(path: Path, field: str) -> tuple[int, int]:
+    docs = words = 0
+    for line in path.open(encoding="utf-8"):
+        text = json.loads(line).get(field) or ""
+        if text.strip():
+            docs += 1
+            words += len(text.split())
+    return docs, words
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--input", default=str(REPO.parent / "shared/data/open_domain/reuters21578.jsonl"))
+    ap.add_argument("--text-field", default="body")
+    ap.add_argument("--id-field", default="newid")
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--vocab-size", type=int, default=16000)
+    ap.add_argument("--work-dir", default=str(REPO / "runs" / "bench_prep"))
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "bench_prep.json"))
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+
+    work = Path(args.work_dir)
+    src = [SourceConfig(format="jsonl", path=args.input, name="corpus", text_field=args.text_field,
+                        id_field=args.id_field)]
+    tok_cfg = DataConfig(sources=src, output=str(work / "tokenizer"),
+                         tokenizer=TokenizerConfig(vocab_size=args.vocab_size, hard_vocab_limit=False))
+    t0 = time.time()
+    prepare(tok_cfg, tokenizer_only=True, fresh=True, progress=False)
+    tokenizer_s = time.time() - t0
+    model = work / "tokenizer" / "tokenizer.model"
+
+    docs_nonempty, ws_words_all = input_words(Path(args.input), args.text_field)
+    recipe = work / "recipe.yaml"
+    recipe.write_text(json.dumps({"data": {
+        "sources": [src[0].model_dump(mode="json")], "tokenizer": {"model": str(model)}}}))
+    runs = []
+    for w in args.workers:
+        out = work / f"w{w}"
+        shutil.rmtree(out, ignore_errors=True)
+        # a fresh `hibert prep` process per run: start-up (imports, stanza, workers) is part of the time
+        cmd = [sys.executable, "-m", "hibert.cli", "prep", str(recipe), f"data.output={out}", "--workers", str(w),
+               "--num-shards", str(w), "--no-progress"]
+        t0 = time.time()
+        subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wall = time.time() - t0
+        m = json.loads((out / "manifest.json").read_text())
+        c = m["counts"]
+        shards = [json.loads(p.read_text()) for p in sorted((out / "shards").glob("*.json"))]
+        runs.append({"workers": w, "wall_s": round(wall, 2),
+                     "shard_seconds": [x["seconds"] for x in shards],
+                     "shard_setup_seconds": [x["setup_seconds"] for x in shards],
+                     "shard_cpu_seconds": [x["cpu_seconds"] for x in shards], "docs_in": c["docs_in"],
+                     "kept": c["kept"], "skipped": c["skipped"], "segmenter_word_tokens": c["words"],
+                     "sentences": c["sentences"], "tokens": c["tokens"]})
+    # whitespace words of the kept documents = all non-empty minus duplicates' share (use the ratio)
+    kept_ratio = runs[0]["kept"] / max(docs_nonempty, 1)
+    ws_words = int(ws_words_all * kept_ratio)
+    for r in runs:
+        r["words"] = ws_words
+        r["words_per_s"] = round(ws_words / r["wall_s"])
+        r["words_per_s_per_core"] = round(ws_words / r["wall_s"] / r["workers"])
+        r["word_tokens_per_s_per_core"] = round(r["segmenter_word_tokens"] / r["wall_s"] / r["workers"])
+        # without start-up (imports, model loading): what a long run converges to
+        r["steady_words_per_s_per_core"] = round(ws_words / (sum(r["shard_seconds"]) - sum(r["shard_setup_seconds"])))
+    base = next(r for r in runs if r["workers"] == 1)
+    for r in runs:
+        r["speedup_vs_1"] = round(base["wall_s"] / r["wall_s"], 2)
+        r["steady_speedup_vs_1"] = round(
+            (base["shard_seconds"][0] - base["shard_setup_seconds"][0])
+            / max(s - u for s, u in zip(r["shard_seconds"], r["shard_setup_seconds"])), 2)
+        # the same from CPU time: what the workers need when each has a core of its own (shared machines)
+        r["cpu_speedup_vs_1"] = round(
+            (base["shard_cpu_seconds"][0] - base["shard_setup_seconds"][0])
+            / max(c - u for c, u in zip(r["shard_cpu_seconds"], r["shard_setup_seconds"])), 2)
+    best = max(runs, key=lambda r: r["workers"])
+    efficiency = best["speedup_vs_1"] / best["workers"]
+    per_core = base["words_per_s_per_core"]
+    projection = {
+        "words": GIGA_CM_WORDS, "cores": 64, "words_per_s_per_core": per_core,
+        "parallel_efficiency": round(min(efficiency, 1.0), 3),
+        "hours": round(GIGA_CM_WORDS / (per_core * 64 * min(efficiency, 1.0)) / 3600, 2),
+        "hours_at_steady_state": round(GIGA_CM_WORDS / (base["steady_words_per_s_per_core"] * 64
+                                                        * min(best["steady_speedup_vs_1"] / best["workers"], 1.0))
+                                       / 3600, 2),
+        "note": "one-node 64-worker run; tokenizer training on a 1M-sentence sample comes on top",
+    }
+    result = {"benchmark": "bench_prep", "input": args.input, "host": platform.node(),
+              "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg(), "segmenter": "stanza spacy variant (fast)",
+              "tokenizer_train_s": round(tokenizer_s, 2), "vocab_size": args.vocab_size,
+              "input_whitespace_words_nonempty_docs": ws_words_all, "runs": runs, "giga_cm_projection": projection}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

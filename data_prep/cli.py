@@ -1,0 +1,58 @@
+"""`hibert prep`: options and the entry point the `hibert` command calls."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from data_prep.merge import MissingShards
+from data_prep.plan import PlanMismatch
+from data_prep.segment import SegmenterUnavailable
+
+log = logging.getLogger("data_prep")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("prep")
+    g.add_argument("--workers", type=int, default=None, help="worker processes (default: data.workers)")
+    g.add_argument("--num-shards", type=int, default=None,
+                   help="number of shards (Slurm array size); default: data.num_shards or from input size")
+    g.add_argument("--shard-index", type=int, default=None,
+                   help="process only this shard (a Slurm array task: $SLURM_ARRAY_TASK_ID); merge separately")
+    g.add_argument("--merge", action="store_true", help="only merge finished shards into the dataset manifest")
+    g.add_argument("--tokenizer-only", action="store_true",
+                   help="only train (or install) the tokenizer, e.g. as the step before a Slurm array")
+    g.add_argument("--stanza-dir", default=None,
+                   help="stanza models dir (after stanza.download('en')): use stanza's neural tokenizer")
+    g.add_argument("--fresh", action="store_true", help="ignore finished shards (and, locally, the tokenizer)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(cfg: Any, args: argparse.Namespace) -> int:
+    from data_prep.pipeline import prepare
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    data = cfg.data
+    if getattr(args, "stanza_dir", None):
+        data.segmenter.kind = "neural"
+        data.segmenter.stanza_dir = args.stanza_dir
+    if getattr(args, "workers", None):
+        data.workers = args.workers
+    if args.shard_index is not None and args.num_shards is None and data.num_shards is None:
+        print("hibert prep: --shard-index needs --num-shards (or data.num_shards) so every task agrees on the "
+              "plan", file=sys.stderr)
+        return 2
+    try:
+        manifest = prepare(data, workers=data.workers, num_shards=args.num_shards, shard_index=args.shard_index,
+                           merge_only=args.merge, fresh=args.fresh, tokenizer_only=args.tokenizer_only,
+                           progress=not args.no_progress)
+    except (SegmenterUnavailable, PlanMismatch, MissingShards, FileNotFoundError, ValueError) as e:
+        print(f"hibert prep: {e}", file=sys.stderr)
+        return 2
+    if manifest is not None:
+        c = manifest["counts"]
+        print(f"{data.output}: {c['docs_in']} docs in, {c['kept']} kept, skipped {c['skipped']}; "
+              f"splits { {k: v['chunks'] for k, v in manifest['splits'].items()} } chunks")
+    return 0

@@ -1,0 +1,111 @@
+"""`DocumentDataset`: O(1) random access to the document chunks of one split of a prepared dataset.
+
+Opening reads manifest.json and memory-maps four small per-split index arrays; shard arrays are mapped on
+first touch. Nothing is unpickled, and a pickled dataset carries only its path, so it opens cheaply again
+in (forked or spawned) DataLoader workers.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from data_prep.shards import SPLITS, ShardPart, load_array, shard_name
+
+MANIFEST = "manifest.json"
+TOKENIZER = "tokenizer.model"
+
+
+class DocumentDataset:
+    """Item i = one document chunk: its sentences as int32 token-id arrays (no specials).
+
+    Vectorized, without touching token data: `doc_num_sentences`, `doc_num_tokens` (per chunk) and
+    `doc_source` (a per-split number of the source document, shared by its chunks)."""
+
+    def __init__(self, dataset_dir: str | Path, split: str):
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
+        self.dir = Path(dataset_dir)
+        self.split = split
+        path = self.dir / MANIFEST
+        if not path.is_file():
+            raise FileNotFoundError(f"{self.dir} is not a prepared dataset (no {MANIFEST}); run `hibert prep`")
+        self.manifest: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        self.tokenizer_path = self.dir / TOKENIZER
+        d = self.dir / split
+        self._index = load_array(d / "index.npy")                  # [N, 2]: shard, chunk within the shard
+        self.doc_num_sentences = load_array(d / "doc_num_sentences.npy")
+        self.doc_num_tokens = load_array(d / "doc_num_tokens.npy")
+        self.doc_source = load_array(d / "doc_source.npy")
+        self._parts: dict[int, ShardPart] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"dir": str(self.dir), "split": self.split}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["dir"], state["split"])
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __repr__(self) -> str:
+        return f"DocumentDataset({str(self.dir)!r}, {self.split!r}, chunks={len(self)})"
+
+    def _locate(self, i: int) -> tuple[ShardPart, int]:
+        n = len(self._index)
+        if not -n <= i < n:
+            raise IndexError(f"chunk {i} out of range for {n} chunks")
+        shard, local = (int(x) for x in self._index[i])
+        part = self._parts.get(shard)
+        if part is None:
+            part = self._parts[shard] = ShardPart(self.dir / self.split / shard_name(shard))
+        return part, local
+
+    def __getitem__(self, i: int) -> list[np.ndarray]:
+        part, j = self._locate(i)
+        a, b = part.chunk_sentences(j)
+        return part.token_arrays(a, b, part.tokens, part.sent_offsets)
+
+    def sentences_text(self, i: int) -> list[str]:
+        part, j = self._locate(i)
+        a, b = part.chunk_sentences(j)
+        return part._strings(part.text, part.text_offsets, a, b)
+
+    def doc_id(self, i: int) -> str:
+        """`<source doc id>#<chunk number>`."""
+        part, j = self._locate(i)
+        return f"{part.src_id(int(part.chunk_src[j]))}#{int(part.chunk_no[j])}"
+
+    def source_doc(self, i: int) -> str:
+        """The id of the document this chunk came from (shared by all its chunks)."""
+        part, j = self._locate(i)
+        return part.src_id(int(part.chunk_src[j]))
+
+    def chunk_index(self, i: int) -> int:
+        part, j = self._locate(i)
+        return int(part.chunk_no[j])
+
+    def _summary_range(self, i: int) -> tuple[ShardPart, int, int] | None:
+        part, j = self._locate(i)
+        src = int(part.chunk_src[j])
+        if not part.src_has_summary[src]:
+            return None
+        return part, int(part.sum_doc_offsets[src]), int(part.sum_doc_offsets[src + 1])
+
+    def summary_text(self, i: int) -> list[str] | None:
+        r = self._summary_range(i)
+        return None if r is None else r[0]._strings(r[0].sum_text, r[0].sum_text_offsets, r[1], r[2])
+
+    def summary(self, i: int) -> list[np.ndarray] | None:
+        r = self._summary_range(i)
+        return None if r is None else r[0].token_arrays(r[1], r[2], r[0].sum_tokens, r[0].sum_sent_offsets)
+
+    def labels(self, i: int) -> np.ndarray | None:
+        """Oracle label (0/1) per sentence of the chunk; None when the document has no summary."""
+        part, j = self._locate(i)
+        if not part.src_has_summary[int(part.chunk_src[j])]:
+            return None
+        a, b = part.chunk_sentences(j)
+        return np.array(part.labels[a:b], dtype=np.uint8)

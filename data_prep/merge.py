@@ -1,0 +1,194 @@
+"""Merge: combine finished shards into per-split indexes and the dataset manifest.
+
+Exact duplicates across shards are removed here (a shard writes only the first copy it sees): among
+documents with the same content hash, in every split, the one first in the input (source, unit, record)
+is kept — the same one whatever the number of shards. The
+per-split index lists (shard, chunk) of every kept chunk; doc_num_sentences / doc_num_tokens / doc_source
+are precomputed for token-budget batching.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hibert.config.data import DataConfig
+
+from data_prep import tokenizer as tok
+from data_prep.counts import add_up
+from data_prep.dataset import MANIFEST
+from data_prep.plan import write_json
+from data_prep.process import SHARDS_DIR, shard_marker
+from data_prep.segment import segmenter_info
+from data_prep.shards import SPLITS, ShardPart, shard_name
+
+FORMAT_VERSION = 1
+
+
+class MissingShards(RuntimeError):
+    pass
+
+
+def finished_shards(out: Path, plan: dict[str, Any], tokenizer_sha: str) -> tuple[list[dict], list[int]]:
+    done, missing = [], []
+    for i in range(plan["num_shards"]):
+        m = shard_marker(out, i)
+        info = json.loads(m.read_text()) if m.is_file() else None
+        if info is None or info["plan_hash"] != plan["hash"] or info["tokenizer_sha256"] != tokenizer_sha:
+            missing.append(i)
+        else:
+            done.append(info)
+    return done, missing
+
+
+def _dedup(parts: dict[tuple[str, int], ShardPart]) -> dict[tuple[str, int], np.ndarray]:
+    """Per (split, shard): boolean keep-mask over its source documents."""
+    keys = sorted(parts)
+    if not keys:
+        return {}
+    hashes = np.concatenate([np.asarray(parts[k].src_hash) for k in keys])
+    order = np.concatenate([np.asarray(parts[k].src_order) for k in keys])
+    which = np.concatenate([np.full(len(parts[k].src_hash), j, np.int64) for j, k in enumerate(keys)])
+    idx = np.lexsort((order, hashes))
+    first = np.ones(len(idx), dtype=bool)
+    first[1:] = hashes[idx][1:] != hashes[idx][:-1]
+    keep = np.empty(len(idx), dtype=bool)
+    keep[idx] = first
+    return {k: keep[which == j] for j, k in enumerate(keys)}
+
+
+_DOC_STATS = ("words", "truncated_sentences", "empty_sentences_dropped", "split_documents", "extra_chunks",
+              "summary_docs", "summary_sentences")
+
+
+def _doc_stats(p: ShardPart, keep: np.ndarray) -> Counter:
+    """Per-document statistics of the kept documents of one shard part."""
+    if not keep.any():
+        return Counter()
+    st = np.asarray(p.src_stats)[keep].astype(np.int64)
+    chunks = np.bincount(np.asarray(p.chunk_src), minlength=len(keep))[keep]
+    sums = np.diff(np.asarray(p.sum_doc_offsets))[keep]
+    return Counter({"words": int(st[:, 0].sum()), "truncated_sentences": int(st[:, 1].sum()),
+                    "empty_sentences_dropped": int(st[:, 2].sum()), "split_documents": int((chunks > 1).sum()),
+                    "extra_chunks": int((chunks - 1).sum()),
+                    "summary_docs": int(np.asarray(p.src_has_summary)[keep].sum()),
+                    "summary_sentences": int(sums.sum())})
+
+
+def merge(cfg: DataConfig, out: Path, plan: dict[str, Any], tokenizer_info: dict[str, Any]) -> dict[str, Any]:
+    t0 = time.time()
+    sha = tokenizer_info["sha256"]
+    done, missing = finished_shards(out, plan, sha)
+    if missing:
+        raise MissingShards(f"{len(missing)} of {plan['num_shards']} shards are not finished "
+                            f"(e.g. {missing[:10]}); run them (--shard-index i) before --merge")
+    n = plan["num_shards"]
+    parts = {(s, i): ShardPart(out / s / shard_name(i)) for s in SPLITS for i in range(n)}
+    keep = _dedup(parts) if cfg.dedup else {k: np.ones(len(p.src_hash), bool) for k, p in parts.items()}
+    counts = add_up([d["counts"] for d in done])
+    dup_by_source = Counter()
+    splits: dict[str, Any] = {}
+    for split in SPLITS:
+        index, nsent, ntok, source = [], [], [], []
+        stats = Counter()
+        offset = 0
+        for i in range(n):
+            p = parts[(split, i)]
+            k = keep[(split, i)]
+            for s in np.asarray(p.src_source)[~k]:
+                dup_by_source[int(s)] += 1
+            chunk_src = np.asarray(p.chunk_src)
+            rows = np.flatnonzero(k[chunk_src]) if len(chunk_src) else np.zeros(0, np.int64)
+            co = np.asarray(p.chunk_offsets)
+            so = np.asarray(p.sent_offsets)
+            index.append(np.stack([np.full(len(rows), i, np.int64), rows], axis=1))
+            nsent.append((co[rows + 1] - co[rows]).astype(np.int32))
+            ntok.append((so[co[rows + 1]] - so[co[rows]]).astype(np.int32))
+            # dense per-split numbering of source documents (shared by their chunks)
+            source.append(offset + (np.cumsum(k) - 1)[chunk_src[rows]])
+            offset += int(k.sum())
+            stats.update(_doc_stats(p, k))
+        d = out / split
+        d.mkdir(parents=True, exist_ok=True)
+        cat = (lambda xs, dt, shape=(0,): np.concatenate(xs).astype(dt) if xs else np.zeros(shape, dt))
+        arrays = {"index": cat(index, np.int64, (0, 2)), "doc_num_sentences": cat(nsent, np.int32),
+                  "doc_num_tokens": cat(ntok, np.int32), "doc_source": cat(source, np.int64)}
+        for name, arr in arrays.items():
+            np.save(d / f"{name}.npy", arr, allow_pickle=False)
+        splits[split] = {"docs": offset, "chunks": len(arrays["index"]),
+                         "sentences": int(arrays["doc_num_sentences"].sum()),
+                         "tokens": int(arrays["doc_num_tokens"].astype(np.int64).sum()),
+                         **{k: int(stats[k]) for k in _DOC_STATS}, "shards": [shard_name(i) for i in range(n)]}
+    # stale shard directories from an earlier plan with more shards
+    for split in SPLITS:
+        for d in (out / split).glob("shard-*"):
+            if int(d.name.split("-")[1]) >= n:
+                shutil.rmtree(d)
+    for m in (out / SHARDS_DIR).glob("shard-*.json"):
+        if int(m.stem.split("-")[1]) >= n:
+            m.unlink()
+    dups = sum(dup_by_source.values())
+    # statistics of what the dataset holds (recomputed: shard counts still include cross-shard duplicates)
+    for key in ("chunks", "sentences", "tokens", *_DOC_STATS):
+        counts[key] = sum(v[key] for v in splits.values())
+    counts["kept"] -= dups
+    if dups:
+        counts["skipped"]["duplicate"] = counts["skipped"].get("duplicate", 0) + dups
+        counts["skipped"] = dict(sorted(counts["skipped"].items()))
+        for si, c in dup_by_source.items():
+            s = counts["sources"][si]
+            s["kept"] -= c
+            s["skipped"]["duplicate"] = s["skipped"].get("duplicate", 0) + c
+    manifest = build_manifest(cfg, plan, done, counts, splits, tokenizer_info)
+    manifest["dedup"]["removed_at_merge"] = dups
+    manifest["merge_seconds"] = round(time.time() - t0, 3)
+    write_json(out / MANIFEST, manifest)
+    return manifest
+
+
+def build_manifest(cfg: DataConfig, plan: dict[str, Any], done: list[dict], counts: dict[str, Any],
+                   splits: dict[str, Any], tokenizer_info: dict[str, Any]) -> dict[str, Any]:
+    checksums: dict[str, str] = {}
+    for d in done:
+        checksums.update(d["checksums"])
+    sources = []
+    for i, (s, c) in enumerate(zip(plan["sources"], counts["sources"])):
+        src_cfg = cfg.sources[i]
+        sources.append({
+            "name": s["name"], "format": s["format"], "path": s["path"], "forced_split": src_cfg.split,
+            "segmentation": "ptb-tokens" if src_cfg.ptb_tokenized else "segmenter",
+            "files": [{"path": u, "bytes": size, "sha256": checksums.get(f"{s['name']}:{u}")}
+                      for u, size in s["units"]],
+            "docs_in": c["docs_in"], "kept": c["kept"], "skipped": c["skipped"]})
+    totals = {k: v for k, v in counts.items() if k not in ("sources", "splits", "skip_examples")}
+    if totals["docs_in"] != totals["kept"] + sum(totals["skipped"].values()):
+        raise RuntimeError(f"documents unaccounted for: {totals}")
+    return {
+        "format_version": FORMAT_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "counts": totals,
+        "splits": splits,
+        "sources": sources,
+        "tokenizer": tokenizer_info,
+        "segmenter": segmenter_info(cfg.segmenter) | {
+            "ptb_sources": [s["name"] for s, c in zip(plan["sources"], cfg.sources) if c.ptb_tokenized],
+            "ptb_rule": "sentences end at a final . ! ? token (PTB-tokenized input); text detokenized"},
+        "limits": {"max_sentence_tokens": cfg.max_sentence_tokens, "max_doc_sentences": cfg.max_doc_sentences,
+                   "max_doc_chars": cfg.max_doc_chars, "summary_sentences_truncated": False},
+        "split": {"method": "blake2b-64(doc_id) / 2^64: < test_fraction -> test, < test+valid -> valid, "
+                            "else train (unless forced)",
+                  "valid_fraction": cfg.valid_fraction, "test_fraction": cfg.test_fraction},
+        "dedup": {"enabled": cfg.dedup, "key": "blake2b-64 of the whitespace-normalized document text",
+                  "keeps": "the first copy in input order (source, file, record)"},
+        "oracle": {"objective": "ROUGE-1 F + ROUGE-2 F (rouge-score, Porter stemmer)",
+                   **cfg.oracle.model_dump(mode="json"),
+                   "long_documents": "computed over the whole document, labels cut with it into chunks"},
+        "plan": {"hash": plan["hash"], "num_shards": plan["num_shards"]},
+        "skip_examples": counts["skip_examples"],
+        "shard_seconds": round(sum(d["seconds"] for d in done), 3),
+    }

@@ -1,0 +1,223 @@
+"""`prepare`: plan -> tokenizer -> shards (in parallel, resumable) -> merge.
+
+Local run (no shard index): everything, then the merge. Slurm array task (`shard_index`): the plan, the
+tokenizer (the first task to get the lock trains it, the others wait), one shard. `merge_only`: the merge.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from hibert.config.data import DataConfig
+
+from data_prep import plan as planning
+from data_prep import readers
+from data_prep import records as R
+from data_prep import tokenizer as tok
+from data_prep.merge import merge
+from data_prep.process import SHARDS_DIR, Sentencizer, ShardProcessor, assign_split, shard_done, shard_marker
+from data_prep.progress import ProgressBar, QueueListener
+from data_prep.shards import SPLITS
+from data_prep.workers import WorkerPool
+
+log = logging.getLogger("data_prep")
+TOKENIZER_INFO = "tokenizer.json"
+LOCK = "tokenizer.lock"
+CHARS_PER_SENTENCE = 150        # sizing the tokenizer sample read from each input
+
+
+def _tokenizer_settings(cfg: DataConfig) -> dict[str, Any]:
+    t = cfg.tokenizer.model_dump(mode="json")
+    if t["model"]:
+        return {"model": str(Path(t["model"]).resolve()), "sha256": tok.file_sha256(Path(t["model"]))}
+    return t
+
+
+def _sample_items(cfg: DataConfig, plan: dict[str, Any]) -> list[tuple[list[str], bool]]:
+    """Train-split documents (and their summaries) from the start of every input, in proportion to its
+    size, up to about sample_sentences sentences in all."""
+    budget = cfg.tokenizer.sample_sentences * CHARS_PER_SENTENCE
+    total = sum(size for s in plan["sources"] for _, size in s["units"]) or 1
+    items: list[tuple[list[str], bool]] = []
+    fallback: list[tuple[list[str], bool]] = []
+    for si, s in enumerate(plan["sources"]):
+        source = cfg.sources[si]
+        for unit, size in s["units"]:
+            share, chars = budget * size / total, 0
+            for rec in readers.read(source, s["name"], unit, cfg.max_doc_chars):
+                if not isinstance(rec, R.RawDoc):
+                    continue
+                split = source.split or rec.split or assign_split(rec.doc_id, cfg.valid_fraction, cfg.test_fraction)
+                target = items if split == "train" else fallback
+                target.append((rec.paragraphs, source.ptb_tokenized))
+                if rec.summary:
+                    target.append((rec.summary, source.ptb_tokenized))
+                chars += sum(len(p) for p in rec.paragraphs)
+                if chars >= share:
+                    break
+    return items or fallback
+
+
+def _train_tokenizer(cfg: DataConfig, out: Path, plan: dict[str, Any], pool: WorkerPool | None,
+                     sentencizer: Sentencizer) -> int:
+    t0 = time.time()
+    items = _sample_items(cfg, plan)
+    batches = [items[i:i + cfg.segmenter.batch_size] for i in range(0, len(items), cfg.segmenter.batch_size)]
+    if pool is not None:
+        segmented = [s for b in pool.segment(batches) for s in b]
+    else:
+        segmented = [s for b in batches for s in sentencizer.sentences(b)]
+    sentences = [t for sents in segmented for t, _ in sents][: cfg.tokenizer.sample_sentences]
+    if not sentences:
+        raise ValueError("no sentences to train the tokenizer on: every input document was skipped")
+    log.info("training SentencePiece (%s, vocab %d) on %d sentences from %d documents",
+             cfg.tokenizer.model_type, cfg.tokenizer.vocab_size, len(sentences), len(items))
+    tok.train(sentences, cfg.tokenizer, out)
+    log.info("tokenizer ready in %.1fs", time.time() - t0)
+    return len(sentences)
+
+
+def _lock_is_stale(lock: Path) -> bool:
+    try:
+        host, pid = lock.read_text().split(":")[:2]
+    except (OSError, ValueError):
+        return False
+    if host != socket.gethostname():
+        return False  # cannot tell from here; whoever holds it on that host finishes or is rerun
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, ValueError):
+        return False
+    return False
+
+
+def ensure_tokenizer(cfg: DataConfig, out: Path, plan: dict[str, Any], pool: WorkerPool | None,
+                     fresh: bool, sentencizer: Sentencizer | None = None) -> dict[str, Any]:
+    """The dataset's tokenizer.model: installed (data.tokenizer.model), reused (same settings), or trained.
+    Concurrent callers (array tasks) serialize on a lock file; the first trains, the others wait."""
+    info_path, model = out / TOKENIZER_INFO, out / tok.MODEL_NAME
+    settings = _tokenizer_settings(cfg)
+    lock = out / LOCK
+    announced = False
+    while True:
+        if info_path.is_file() and model.is_file() and not fresh:
+            info = json.loads(info_path.read_text())
+            if info["settings"] == settings and info["sha256"] == tok.file_sha256(model):
+                return info["describe"]
+            if lock.exists():
+                pass  # someone is replacing it right now: wait below
+            else:
+                raise planning.PlanMismatch(
+                    f"{out} has a tokenizer made with other settings ({info['settings']} != {settings}); "
+                    "rerun with --fresh, or point data.tokenizer.model at the model to use")
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if _lock_is_stale(lock):
+                lock.unlink(missing_ok=True)
+                continue
+            if not announced:
+                log.info("waiting for the tokenizer another process is making (%s)", lock)
+                announced = True
+            time.sleep(2)
+            continue
+        try:
+            os.write(fd, f"{socket.gethostname()}:{os.getpid()}".encode())
+            os.close(fd)
+            info_path.unlink(missing_ok=True)
+            if cfg.tokenizer.model:
+                tok.install(cfg.tokenizer.model, out)
+                described = tok.describe(model, cfg.tokenizer, None)
+            else:
+                n = _train_tokenizer(cfg, out, plan, pool, sentencizer or Sentencizer(cfg))
+                described = tok.describe(model, cfg.tokenizer, n)
+            planning.write_json(info_path, {"settings": settings, "sha256": described["sha256"],
+                                            "describe": described})
+            return described
+        finally:
+            lock.unlink(missing_ok=True)
+
+
+def _wipe(out: Path) -> None:
+    """--fresh on a local run: forget finished shards and merged outputs (inputs stay untouched)."""
+    for name in (*SPLITS, SHARDS_DIR, ".tmp"):
+        shutil.rmtree(out / name, ignore_errors=True)
+    (out / "manifest.json").unlink(missing_ok=True)
+
+
+def prepare(cfg: DataConfig, *, workers: int | None = None, num_shards: int | None = None,
+            shard_index: int | None = None, merge_only: bool = False, fresh: bool = False,
+            tokenizer_only: bool = False, progress: bool = True) -> dict[str, Any] | None:
+    """Returns the merged manifest when this call merged, else None."""
+    workers = workers or cfg.workers
+    out = Path(cfg.output)
+    out.mkdir(parents=True, exist_ok=True)
+    if merge_only:
+        plan = planning.load(out)
+        if plan is None:
+            raise FileNotFoundError(f"{out}/{planning.PLAN} is missing: run the shards first")
+        info = json.loads((out / TOKENIZER_INFO).read_text())["describe"]
+        return merge(cfg, out, plan, info)
+    local = shard_index is None
+    plan = planning.resolve(cfg, out, num_shards, workers, fresh)
+    if shard_index is not None and not 0 <= shard_index < plan["num_shards"]:
+        raise ValueError(f"--shard-index {shard_index} is outside 0..{plan['num_shards'] - 1}")
+    if fresh and local:
+        _wipe(out)
+    shards = [shard_index] if shard_index is not None else list(range(plan["num_shards"]))
+    pool = WorkerPool(cfg, out, plan, workers, progress) if workers > 1 else None
+    sentencizer = Sentencizer(cfg)  # in-process work shares one segmenter (loaded on first use)
+    try:
+        info = ensure_tokenizer(cfg, out, plan, pool, fresh and local, sentencizer)
+        if tokenizer_only:
+            return None
+        pending = [s for s in shards if fresh or not shard_done(out, s, plan["hash"], info["sha256"])]
+        if len(pending) < len(shards):
+            log.info("%d of %d shards already finished: skipped", len(shards) - len(pending), len(shards))
+        for s in pending:
+            shard_marker(out, s).unlink(missing_ok=True)
+        bar = ProgressBar(f"prep {out.name}", enabled=progress and bool(pending))
+        try:
+            if pool is not None and pending:
+                listener = QueueListener(pool.queue, bar) if pool.queue is not None else None
+                try:
+                    for result in pool.shards(pending):
+                        _log_shard(result)
+                finally:
+                    if listener:
+                        listener.stop()
+            elif pending:
+                processor = ShardProcessor(cfg, out, plan, sentencizer)
+                for s in pending:
+                    _log_shard(processor.run(s, bar.update if progress else None))
+        finally:
+            bar.close()
+    except BaseException:
+        if pool is not None:
+            pool.terminate()
+            pool = None
+        raise
+    finally:
+        if pool is not None:
+            pool.close()
+    if not local:
+        return None
+    manifest = merge(cfg, out, plan, info)
+    c = manifest["counts"]
+    log.info("prepared %s: %d docs in, %d kept, skipped %s; %d chunks, %d sentences, %d tokens",
+             out, c["docs_in"], c["kept"], c["skipped"], c["chunks"], c["sentences"], c["tokens"])
+    return manifest
+
+
+def _log_shard(result: dict[str, Any]) -> None:
+    c = result["counts"]
+    log.info("shard %d: %d docs in, %d kept, %d words in %.1fs", result["shard"], c["docs_in"], c["kept"],
+             c["words"], result["seconds"])

@@ -1,0 +1,49 @@
+"""JSON Lines: one object a line; field names come from the source config."""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from hibert.config.data import SourceConfig
+
+from data_prep import records as R
+from data_prep.readers.fields import record_from_fields
+from data_prep.readers.files import expand, file_units, open_binary, sha256_file
+
+
+def list_units(source: SourceConfig) -> list[tuple[str, int]]:
+    return file_units(expand(source.path, (".jsonl", ".json", ".jsonl.gz", ".json.gz")))
+
+
+def checksum(source: SourceConfig, unit: str) -> str:
+    return sha256_file(Path(unit))
+
+
+def read(source: SourceConfig, name: str, unit: str, max_chars: int,
+         part: int, parts: int) -> Iterator[R.RawDoc | R.Skip]:
+    stem = Path(unit).name.split(".")[0]
+    with open_binary(Path(unit)) as f:
+        for i, raw in enumerate(f):
+            if i % parts != part:
+                continue
+            line = i + 1
+            if len(raw) > 4 * max_chars:  # UTF-8 is at most 4 bytes a character: too long for sure
+                yield R.Skip(R.TOO_LONG, unit, line, f"{len(raw)} bytes")
+                continue
+            text = R.decode(raw)
+            if text is None:
+                yield R.Skip(R.INVALID_UTF8, unit, line)
+                continue
+            if not text.strip():
+                yield R.Skip(R.EMPTY, unit, line, "blank line")
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                yield R.Skip(R.MALFORMED_JSON, unit, line, str(e))
+                continue
+            if not isinstance(obj, dict):
+                yield R.Skip(R.MALFORMED_JSON, unit, line, f"not an object but {type(obj).__name__}")
+                continue
+            yield record_from_fields(obj, source, name, f"{stem}:{line}", unit, line, max_chars)

@@ -1,0 +1,157 @@
+"""Sentence segmentation and word tokenization through stanza.
+
+Two kinds, never swapped for one another behind the user's back (the kind and its settings go into the
+manifest, and a missing model is an error):
+- "neural": stanza's neural tokenizer, from English models downloaded into `stanza_dir`
+  (`stanza.download('en', model_dir=...)` on a machine with hub access).
+- "spacy": stanza's `tokenize` processor with its spaCy variant (spaCy's English rules + sentencizer).
+  It needs no model, so it runs offline: stanza only needs a `dir` holding a minimal resources.json.
+  With `fast` (default) the paragraphs go through the spaCy Language object that stanza's variant builds,
+  batched with `nlp.pipe`, instead of being wrapped token by token into stanza Documents: the same
+  sentences and tokens (tests/test_data_prep_segment.py checks it against the full stanza pipeline) at
+  about three times the speed.
+Paragraphs are segmented separately, so no sentence crosses a paragraph break. Sentence text is returned
+with whitespace collapsed (one readable line); the word count is the number of tokens.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hibert.config.data import SegmenterConfig
+
+Sentence = tuple[str, int]        # (text, number of word tokens)
+
+# The least stanza needs to build an English pipeline without downloading anything.
+OFFLINE_RESOURCES = {"en": {"lang_name": "English", "packages": {"default": {}}, "tokenize": {},
+                            "default_processors": {}, "default_dependencies": {}}}
+
+
+class SegmenterUnavailable(RuntimeError):
+    """The configured segmenter cannot run here (no silent fallback to another one)."""
+
+
+def offline_resources_dir() -> Path:
+    """A directory with the minimal resources.json (created once per user, atomically)."""
+    d = Path(tempfile.gettempdir()) / f"hibert-stanza-offline-{os.getuid()}"
+    target = d / "resources.json"
+    if not target.is_file() or json.loads(target.read_text() or "{}") != OFFLINE_RESOURCES:
+        d.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(OFFLINE_RESOURCES, f)
+        os.replace(tmp, target)
+    return d
+
+
+def _clean(text: str) -> str:
+    return " ".join(text.split())
+
+
+class Segmenter:
+    """segment(docs) with docs = list of paragraph lists -> per doc, the list of (sentence, words)."""
+
+    info: dict[str, Any]
+
+    def segment(self, docs: list[list[str]]) -> list[list[Sentence]]:
+        raise NotImplementedError
+
+
+class SpacySegmenter(Segmenter):
+    def __init__(self, cfg: SegmenterConfig):
+        import spacy
+        import stanza
+
+        self.fast = cfg.fast
+        self.batch_size = max(1, cfg.batch_size)
+        self.pipeline = stanza.Pipeline(lang="en", processors={"tokenize": "spacy"}, dir=str(offline_resources_dir()),
+                                        download_method=None, logging_level="WARN")
+        # The spaCy Language stanza's variant built (English() + sentencizer), used directly in fast mode.
+        self.nlp = self.pipeline.processors["tokenize"]._variant.nlp
+        self.info = {"library": "stanza", "stanza_version": stanza.__version__, "processor": "tokenize",
+                     "kind": "spacy", "variant": "spacy", "spacy_version": spacy.__version__,
+                     "spacy_pipeline": "spacy.lang.en.English() + sentencizer (stanza's spacy variant)",
+                     "fast_path": self.fast, "offline": True, "paragraphs": "segmented separately"}
+
+    def _paragraphs(self, paragraphs: list[str]) -> list[list[Sentence]]:
+        out = []
+        if self.fast:
+            from spacy.attrs import IDX, LENGTH, SENT_START
+
+            for d in self.nlp.pipe(paragraphs, batch_size=self.batch_size):
+                if not len(d):
+                    out.append([])
+                    continue
+                # sentence spans from token arrays, without a Python object per token; paragraphs arrive
+                # whitespace-collapsed, so spaCy makes no whitespace tokens and a span's length is its words
+                a = d.to_array([IDX, LENGTH, SENT_START])
+                a[0, 2] = 1  # the first token always starts a sentence
+                starts = np.flatnonzero(a[:, 2] == 1).tolist()
+                ends = starts[1:] + [len(d)]
+                text = d.text
+                out.append([(_clean(text[a[b, 0]:a[e - 1, 0] + a[e - 1, 1]]), e - b) for b, e in zip(starts, ends)])
+        else:
+            for d in self.pipeline.bulk_process(paragraphs):
+                out.append([(_clean(s.text), sum(not t.text.isspace() for t in s.tokens)) for s in d.sentences])
+        return out
+
+    def segment(self, docs: list[list[str]]) -> list[list[Sentence]]:
+        flat = [p for paragraphs in docs for p in paragraphs]
+        per_paragraph = iter(self._paragraphs(flat))
+        return [[s for _ in paragraphs for s in next(per_paragraph) if s[0]] for paragraphs in docs]
+
+
+class NeuralSegmenter(Segmenter):
+    def __init__(self, cfg: SegmenterConfig):
+        import stanza
+
+        d = Path(cfg.stanza_dir) if cfg.stanza_dir else None
+        models = sorted((d / "en" / "tokenize").glob("*.pt")) if d else []
+        if d is None or not (d / "resources.json").is_file() or not models:
+            raise SegmenterUnavailable(
+                f"data.segmenter.kind=neural needs stanza's English models in data.segmenter.stanza_dir "
+                f"(--stanza-dir; now {cfg.stanza_dir!r}): run stanza.download('en', model_dir=DIR) where the hub "
+                f"is reachable. To prepare without them, choose data.segmenter.kind=spacy explicitly "
+                f"(recorded in the manifest).")
+        self.pipeline = stanza.Pipeline(lang="en", processors="tokenize", dir=str(d), download_method=None,
+                                        use_gpu=cfg.use_gpu, logging_level="WARN")
+        self.info = {"library": "stanza", "stanza_version": stanza.__version__, "processor": "tokenize",
+                     "kind": "neural", "variant": "neural", "model_dir": str(d),
+                     "models": [m.name for m in models], "use_gpu": cfg.use_gpu,
+                     "paragraphs": "segmented separately (joined with blank lines)"}
+
+    def segment(self, docs: list[list[str]]) -> list[list[Sentence]]:
+        texts = ["\n\n".join(paragraphs) for paragraphs in docs]
+        out = []
+        for d in self.pipeline.bulk_process(texts):
+            out.append([(t, len(s.tokens)) for s in d.sentences if (t := _clean(s.text))])
+        return out
+
+
+_CACHE: dict[str, Segmenter] = {}
+
+
+def make_segmenter(cfg: SegmenterConfig) -> Segmenter:
+    """One segmenter per setting and process (they hold no per-document state; loading takes seconds)."""
+    key = cfg.model_dump_json()
+    if key not in _CACHE:
+        _CACHE[key] = NeuralSegmenter(cfg) if cfg.kind == "neural" else SpacySegmenter(cfg)
+    return _CACHE[key]
+
+
+def segmenter_info(cfg: SegmenterConfig) -> dict[str, Any]:
+    """What `make_segmenter(cfg).info` will say, without loading anything heavy."""
+    import importlib.metadata as md
+
+    info: dict[str, Any] = {"library": "stanza", "stanza_version": md.version("stanza"), "processor": "tokenize",
+                            "kind": cfg.kind}
+    if cfg.kind == "spacy":
+        info.update(variant="spacy", spacy_version=md.version("spacy"), fast_path=cfg.fast, offline=True)
+    else:
+        info.update(variant="neural", model_dir=cfg.stanza_dir, use_gpu=cfg.use_gpu)
+    return info

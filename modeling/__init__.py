@@ -1,0 +1,14 @@
+"""HIBERT models as plain nn.Modules (Zhang et al. 2019): packing, encoder, pretraining, extractive head."""
+from modeling.accounting import count_parameters, flops_per_batch
+from modeling.encoder import EncoderOutput, HibertEncoder
+from modeling.extractive import HibertExtractive
+from modeling.packing import PackedDocuments, pack_documents, pad_documents
+from modeling.pretraining import (HibertForPretraining, PretrainBatch, PretrainOutput, make_padded_pretrain_batch,
+                                  make_pretrain_batch)
+
+__all__ = [
+    "PackedDocuments", "pack_documents", "pad_documents",
+    "HibertEncoder", "EncoderOutput",
+    "HibertForPretraining", "PretrainBatch", "make_pretrain_batch", "make_padded_pretrain_batch", "PretrainOutput",
+    "HibertExtractive", "count_parameters", "flops_per_batch",
+]

@@ -1,0 +1,1 @@
+"""sbatch scripts rendered from a recipe's `slurm:` section, and `hibert submit` for the staged chain."""

@@ -1,0 +1,340 @@
+"""`hibert prep` end to end on the fixtures: every format, limits and chunks, manifest accounting, random
+access, resume, parallel workers, bad input, tokenizer reuse and the CLI."""
+import gzip
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data_prep import DocumentDataset, prepare, readers
+from data_prep import records as R
+from data_prep import tokenizer as tok
+from data_prep.merge import MissingShards
+from data_prep.oracle import oracle_labels
+from data_prep.plan import PlanMismatch
+from data_prep.process import Sentencizer, shard_marker
+from data_prep.shards import SPLITS, ShardPart, SplitWriter
+from hibert.cli import main
+from hibert.config.data import DataConfig, SourceConfig, TokenizerConfig
+
+FIX = Path(__file__).parent / "fixtures" / "data_prep"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+CNNDM = dict(text_field="article", summary_field="highlights", summary_sentence_sep=" . ", id_field="idx",
+             ptb_tokenized=True)
+
+
+def data_cfg(out: Path, sources: list[SourceConfig], **kw) -> DataConfig:
+    kw.setdefault("tokenizer", TokenizerConfig(vocab_size=2000, hard_vocab_limit=False))
+    return DataConfig(sources=sources, output=str(out), **kw)
+
+
+def hf_dict(path: Path) -> Path:
+    datasets = pytest.importorskip("datasets")
+    rows = [json.loads(line) for line in (SAMPLES / "cnndm_test_sample.jsonl").read_text().splitlines()[:6]]
+    cols = lambda rs: {k: [r[k] for r in rs] for k in ("idx", "article", "highlights")}  # noqa: E731
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(cols(rows[:3])),
+                          "validation": datasets.Dataset.from_dict(cols(rows[3:5])),
+                          "test": datasets.Dataset.from_dict(cols(rows[5:]))}).save_to_disk(str(path))
+    return path
+
+
+def format_sources(tmp: Path) -> list[SourceConfig]:
+    giga = tmp / "giga"
+    giga.mkdir()
+    (giga / "afp_eng_199405.gz").write_bytes(gzip.compress((FIX / "gigaword" / "afp_eng_199405").read_bytes()))
+    return [SourceConfig(format="gigaword", path=str(giga), name="giga"),
+            SourceConfig(format="cnndm", path=str(FIX / "cnndm"), name="stories"),
+            SourceConfig(format="jsonl", path=str(FIX / "jsonl" / "articles.jsonl"), name="arts", text_field="body",
+                         summary_field="abstract", id_field="doc_id"),
+            SourceConfig(format="hf", path=str(hf_dict(tmp / "hf")), name="hf", **CNNDM),
+            SourceConfig(format="text", path=str(FIX / "text"), name="notes")]
+
+
+def all_chunks(out: Path) -> dict[str, tuple[str, DocumentDataset, int]]:
+    found = {}
+    for split in SPLITS:
+        ds = DocumentDataset(out, split)
+        for i in range(len(ds)):
+            found[ds.doc_id(i)] = (split, ds, i)
+    return found
+
+
+def expected_documents(cfg: DataConfig, out: Path) -> dict[str, dict]:
+    """Independently: read, segment and encode every document, apply the limits."""
+    sp = tok.load(out / "tokenizer.model")
+    sentencizer = Sentencizer(cfg)
+    docs = {}
+    for i, source in enumerate(cfg.sources):
+        name = readers.source_name(source, i)
+        for unit, _ in readers.list_units(source):
+            for rec in readers.read(source, name, unit, cfg.max_doc_chars):
+                if not isinstance(rec, R.RawDoc):
+                    continue
+                sents = [(sp.encode(t), t) for t, _ in sentencizer.sentences([(rec.paragraphs, source.ptb_tokenized)])[0]]
+                sents = [(ids, t) for ids, t in sents if ids]
+                summ = None
+                if rec.summary is not None:
+                    summ = [(sp.encode(t), t) for t, _ in sentencizer.sentences([(rec.summary, source.ptb_tokenized)])[0]]
+                docs[rec.doc_id] = {"sents": sents, "summary": summ, "split": source.split or rec.split}
+    return docs
+
+
+@pytest.fixture(scope="module")
+def formats(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("formats")
+    cfg = data_cfg(tmp / "out", format_sources(tmp), valid_fraction=0.2, test_fraction=0.2)
+    manifest = prepare(cfg, progress=False)
+    return cfg, Path(cfg.output), manifest
+
+
+def test_every_format_prepares_and_the_manifest_adds_up(formats):
+    cfg, out, m = formats
+    c = m["counts"]
+    assert (c["docs_in"], c["kept"], c["skipped"]) == (20, 18, {"non_story": 2})
+    assert [(s["name"], s["docs_in"], s["kept"]) for s in m["sources"]] == [
+        ("giga", 5, 3), ("stories", 3, 3), ("arts", 3, 3), ("hf", 6, 6), ("notes", 3, 3)]
+    for s in m["sources"]:
+        assert s["docs_in"] == s["kept"] + sum(s["skipped"].values())
+        assert all(len(f["sha256"]) == 64 for f in s["files"])
+    assert sum(v["docs"] for v in m["splits"].values()) == c["kept"]
+    assert sum(v["chunks"] for v in m["splits"].values()) == c["chunks"]
+    assert sum(v["sentences"] for v in m["splits"].values()) == c["sentences"]
+    assert sum(v["tokens"] for v in m["splits"].values()) == c["tokens"]
+    assert m["tokenizer"]["sha256"] == tok.file_sha256(out / "tokenizer.model")
+    assert m["segmenter"]["library"] == "stanza" and m["segmenter"]["variant"] == "spacy"
+    assert m["segmenter"]["ptb_sources"] == ["hf"]
+    assert m["limits"]["max_sentence_tokens"] == 50 and m["limits"]["max_doc_sentences"] == 30
+    assert (out / "tokenizer.vocab").is_file()
+    found = all_chunks(out)
+    hf_splits = {k.split("#")[0]: v[0] for k, v in found.items() if k.startswith("hf:")}
+    assert hf_splits == {"hf:0": "train", "hf:1": "train", "hf:2": "train", "hf:3": "valid", "hf:4": "valid",
+                         "hf:5": "test"}
+
+
+def test_random_access_returns_exactly_what_was_written(formats):
+    cfg, out, _ = formats
+    expected = expected_documents(cfg, out)
+    found = all_chunks(out)
+    assert {k.rsplit("#", 1)[0] for k in found} == set(expected)
+    for doc_id, exp in expected.items():
+        sents = exp["sents"]
+        chunks = [sents[i:i + 30] for i in range(0, len(sents), 30)]
+        for k, chunk in enumerate(chunks):
+            split, ds, i = found[f"{doc_id}#{k}"]
+            if exp["split"]:
+                assert split == exp["split"]
+            got = ds[i]
+            assert all(a.dtype == np.int32 for a in got)
+            assert [a.tolist() for a in got] == [ids[:50] for ids, _ in chunk]
+            assert ds.sentences_text(i) == [t for _, t in chunk]
+            assert ds.doc_num_sentences[i] == len(got) and ds.doc_num_tokens[i] == sum(map(len, got))
+            assert ds.source_doc(i) == doc_id and ds.chunk_index(i) == k
+            if exp["summary"] is None:
+                assert ds.summary_text(i) is None and ds.summary(i) is None and ds.labels(i) is None
+            else:
+                assert ds.summary_text(i) == [t for _, t in exp["summary"]]
+                assert [a.tolist() for a in ds.summary(i)] == [ids for ids, _ in exp["summary"]]
+                want = oracle_labels([t for _, t in sents], [t for _, t in exp["summary"]])
+                assert ds.labels(i).tolist() == want[30 * k:30 * k + len(chunk)].tolist()
+    ds = DocumentDataset(out, "train")
+    again = pickle.loads(pickle.dumps(ds))
+    assert len(pickle.dumps(ds)) < 1000 and [a.tolist() for a in again[0]] == [a.tolist() for a in ds[0]]
+    assert [a.tolist() for a in ds[-1]] == [a.tolist() for a in ds[len(ds) - 1]]
+    with pytest.raises(IndexError):
+        ds[len(ds)]
+    assert ds.tokenizer_path.is_file() and ds.manifest["format_version"] == 1
+
+
+def test_shard_arrays_round_trip(tmp_path):
+    rng = np.random.default_rng(0)
+    w = SplitWriter()
+    docs = []
+    for d in range(5):
+        chunks = [[(rng.integers(6, 4000, rng.integers(1, 9)).tolist(), f"sentence {d}.{c}.{s} — ünïcode")
+                   for s in range(rng.integers(1, 4))] for c in range(rng.integers(1, 3))]
+        n = sum(len(c) for c in chunks)
+        summary = [([7, 8, 9], "a summary"), ([10], "ⓢ")] if d % 2 else None
+        labels = rng.integers(0, 2, n).tolist() if summary else None
+        w.add_document(f"doc{d}", int(rng.integers(0, 2**63)), d, 0, chunks, labels, summary)
+        docs.append((chunks, labels, summary))
+    w.write(tmp_path / "part")
+    SplitWriter().write(tmp_path / "empty")
+    p = ShardPart(tmp_path / "part")
+    j = 0
+    for d, (chunks, labels, summary) in enumerate(docs):
+        assert p.src_id(d) == f"doc{d}" and bool(p.src_has_summary[d]) == (summary is not None)
+        k = 0
+        for c, chunk in enumerate(chunks):
+            a, b = p.chunk_sentences(j)
+            assert [x.tolist() for x in p.token_arrays(a, b, p.tokens, p.sent_offsets)] == [ids for ids, _ in chunk]
+            assert p._strings(p.text, p.text_offsets, a, b) == [t for _, t in chunk]
+            assert (int(p.chunk_src[j]), int(p.chunk_no[j])) == (d, c)
+            if labels:
+                assert p.labels[a:b].tolist() == labels[k:k + len(chunk)]
+            k += len(chunk)
+            j += 1
+    assert len(ShardPart(tmp_path / "empty").tokens) == 0
+
+
+def test_limits_and_chunking(tmp_path):
+    sources = [SourceConfig(format="cnndm", path=str(FIX / "cnndm")),
+               SourceConfig(format="jsonl", path=str(SAMPLES / "cnndm_val_sample.jsonl"), **CNNDM)]
+    cfg = data_cfg(tmp_path / "out", sources, max_sentence_tokens=6, max_doc_sentences=4, valid_fraction=0.0,
+                   test_fraction=0.0)
+    m = prepare(cfg, progress=False)
+    ds = DocumentDataset(cfg.output, "train")
+    sp = tok.load(ds.tokenizer_path)
+    assert len(ds) == m["counts"]["chunks"] > m["counts"]["kept"] == 28
+    truncated, by_doc = 0, {}
+    for i in range(len(ds)):
+        sents = ds[i]
+        assert 1 <= len(sents) <= 4 and all(1 <= len(a) <= 6 for a in sents)
+        full = [sp.encode(t) for t in ds.sentences_text(i)]
+        assert [a.tolist() for a in sents] == [ids[:6] for ids in full]
+        truncated += sum(len(ids) > 6 for ids in full)
+        by_doc.setdefault(ds.source_doc(i), []).append(i)
+    assert truncated == m["counts"]["truncated_sentences"] > 0
+    split_docs = [v for v in by_doc.values() if len(v) > 1]
+    assert len(split_docs) == m["counts"]["split_documents"] > 0
+    assert sum(len(v) - 1 for v in split_docs) == m["counts"]["extra_chunks"]
+    for doc, rows in by_doc.items():
+        assert [ds.chunk_index(i) for i in rows] == list(range(len(rows)))
+        assert len({int(ds.doc_source[i]) for i in rows}) == 1
+        assert all(ds.doc_num_sentences[i] == 4 for i in rows[:-1])
+        sents = [t for i in rows for t in ds.sentences_text(i)]
+        labels = np.concatenate([ds.labels(i) for i in rows])
+        assert labels.tolist() == oracle_labels(sents, ds.summary_text(rows[0])).tolist()  # whole-document oracle
+        assert 1 <= labels.sum() <= 3
+
+
+def write_bad_corpus(d: Path) -> dict[str, int]:
+    """Every kind of bad input, next to good documents; returns the expected skip counts."""
+    d.mkdir()
+    lines = [b'{"id": "ok1", "text": "A perfectly good document. It has two sentences."}',
+             b'{"id": "bad-utf8", "text": "caf\xe9 cr\xe8me"}',
+             b"\x89PNG\r\x1a\x00\x00\xff\xfe\x00binary garbage\x00\x01",
+             b'{"id": "ws", "text": " \\n\\t  \\n "}',
+             b'{"id": "empty", "text": ""}',
+             b"   ",
+             b'{"id": "huge", "text": "' + b"lorem ipsum " * 900_000 + b'"}',  # a single 10 MB line
+             b'{"id": "no-text", "title": "fields missing"}',
+             b'{"id": "wrong-type", "text": {"nested": true}}',
+             b'{"id": "truncated json", "text": "never clo',
+             b'{"id": "ctrl", "text": "\\u0000\\u0001\\u0002\\u0003\\u0004 binary in json \\u0005\\u0006"}',
+             b'{"id": "zero-width", "text": "\\u200b\\u200b \\u200b"}',
+             b'{"id": "ok2", "text": "Another good document, kept whole."}',
+             b'{"id": "dup", "text": "A perfectly good document.   It has two sentences."}']
+    (d / "bad.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    (d / "malformed_gigaword").write_bytes((FIX / "bad" / "malformed_gigaword").read_bytes())
+    (d / "garbage.txt").write_bytes(b"Good plain text document.\n\n" + bytes(range(256)) * 4 + b"\n\n"
+                                    + b"\x00\x01\x02\x03 NUL-laden but valid UTF-8 \x00\x00\n\nLast good one.\n")
+    return {"invalid_utf8": 3, "binary": 2, "empty": 4, "too_long": 1, "missing_field": 2, "malformed_json": 1,
+            "malformed_sgml": 5, "no_sentences": 1, "duplicate": 1}
+
+
+def test_bad_input_is_skipped_with_reasons_and_nothing_is_lost(tmp_path):
+    want = write_bad_corpus(tmp_path / "bad")
+    sources = [SourceConfig(format="jsonl", path=str(tmp_path / "bad" / "bad.jsonl"), name="j", id_field="id"),
+               SourceConfig(format="gigaword", path=str(tmp_path / "bad" / "malformed_gigaword"), name="g"),
+               SourceConfig(format="text", path=str(tmp_path / "bad" / "garbage.txt"), name="t")]
+    cfg = data_cfg(tmp_path / "out", sources, max_doc_chars=5_000_000, valid_fraction=0.0, test_fraction=0.0)
+    m = prepare(cfg, progress=False)
+    c = m["counts"]
+    assert c["skipped"] == want
+    assert c["docs_in"] == 14 + 7 + 4 == c["kept"] + sum(c["skipped"].values())
+    ds = DocumentDataset(cfg.output, "train")
+    last = (tmp_path / "bad" / "garbage.txt").read_bytes().split(b"\n").index(b"Last good one.") + 1
+    assert sorted(ds.source_doc(i) for i in range(len(ds))) == ["g:NYT_ENG_20050101.0001", "j:ok1", "j:ok2",
+                                                                "t:garbage:1", f"t:garbage:{last}"]
+    ex = m["skip_examples"]
+    assert ex["too_long"][0]["file"].endswith("bad.jsonl") and ex["too_long"][0]["line"] == 7
+    assert {(Path(e["file"]).name, e["line"]) for e in ex["malformed_sgml"]} == {
+        ("malformed_gigaword", n) for n in (1, 13, 22, 27, 36)}
+
+
+def test_resume_skips_finished_shards(tmp_path):
+    sources = [SourceConfig(format="jsonl", path=str(SAMPLES / "reuters_sample.jsonl"), name="r",
+                            text_field="body", id_field="newid")]
+    cfg = data_cfg(tmp_path / "out", sources)
+    out = Path(cfg.output)
+    for i in (0, 2):  # two array tasks of three
+        assert prepare(cfg, num_shards=3, shard_index=i, progress=False) is None
+    with pytest.raises(MissingShards, match="1 of 3"):
+        prepare(cfg, merge_only=True, progress=False)
+    mtimes = {i: shard_marker(out, i).stat().st_mtime_ns for i in (0, 2)}
+    prepare(cfg, num_shards=3, shard_index=1, progress=False)
+    m = prepare(cfg, merge_only=True, progress=False)
+    assert m["counts"]["docs_in"] == 300 and m["plan"]["num_shards"] == 3
+    assert {i: shard_marker(out, i).stat().st_mtime_ns for i in (0, 2)} == mtimes
+    # a crash in shard 1: its marker is gone (its split dirs may be there); a local rerun redoes only shard 1
+    shard_marker(out, 1).unlink()
+    again = prepare(cfg, progress=False)
+    assert {i: shard_marker(out, i).stat().st_mtime_ns for i in (0, 2)} == mtimes
+    assert again["counts"] == {**m["counts"]} and again["splits"] == m["splits"]
+    # changed settings are refused unless --fresh
+    with pytest.raises(PlanMismatch, match="--fresh"):
+        prepare(data_cfg(out, sources, max_sentence_tokens=20), progress=False)
+    fresh = prepare(data_cfg(out, sources, max_sentence_tokens=20), fresh=True, progress=False)
+    assert all(shard_marker(out, i).stat().st_mtime_ns > mtimes.get(i, 0) for i in range(3))
+    assert fresh["counts"]["truncated_sentences"] > m["counts"]["truncated_sentences"]
+
+
+def test_two_workers_write_the_same_dataset_as_one(tmp_path):
+    sources = [SourceConfig(format="jsonl", path=str(SAMPLES / "bbc_sample.jsonl"), name="bbc", text_field="article",
+                            summary_field="summary", summary_glued=True, id_field="id")]
+    one = data_cfg(tmp_path / "one", sources)
+    two = data_cfg(tmp_path / "two", sources, num_shards=3, workers=2)
+    m1, m2 = prepare(one, progress=False), prepare(two, progress=False)
+    assert (m1["plan"]["num_shards"], m2["plan"]["num_shards"]) == (1, 3)
+    assert m1["counts"] == m2["counts"] and m1["tokenizer"]["sha256"] == m2["tokenizer"]["sha256"]
+    assert m1["counts"]["skipped"] == {"duplicate": 1}  # the BBC corpus has exact duplicates
+    for split in SPLITS:
+        a, b = DocumentDataset(one.output, split), DocumentDataset(two.output, split)
+        content = lambda ds: {ds.doc_id(i): ([x.tolist() for x in ds[i]], ds.labels(i).tolist(),  # noqa: E731
+                                             ds.sentences_text(i)) for i in range(len(ds))}
+        assert content(a) == content(b) and len(a) == m1["splits"][split]["chunks"]
+
+
+def test_in_domain_prep_reuses_the_open_domain_tokenizer(tmp_path, repo):
+    open_cfg = data_cfg(tmp_path / "open", [SourceConfig(format="text", path=str(FIX / "text"))])
+    prepare(open_cfg, progress=False)
+    model = tmp_path / "open" / "tokenizer.model"
+    cnn = data_cfg(tmp_path / "cnn", [SourceConfig(format="cnndm", path=str(FIX / "cnndm"))],
+                   tokenizer=TokenizerConfig(model=str(model)))
+    m = prepare(cnn, progress=False)
+    assert m["tokenizer"]["sha256"] == tok.file_sha256(model) and m["tokenizer"]["reused_from"] == str(model)
+    assert (tmp_path / "cnn" / "tokenizer.model").read_bytes() == model.read_bytes()
+
+
+def test_cli_prep_with_a_shipped_data_config(tmp_path, capsys, repo, monkeypatch):
+    monkeypatch.chdir(repo)  # sample paths are relative to the repo root
+    out = tmp_path / "cnndm"
+    assert main(["prep", "data=sample_cnndm", f"data.output={out}", "--no-progress", "--workers", "1"]) == 0
+    assert "250 docs in, 250 kept" in capsys.readouterr().out
+    m = json.loads((out / "manifest.json").read_text())
+    assert {s: v["docs"] for s, v in m["splits"].items()} == {"train": 200, "valid": 25, "test": 25}
+    ds = DocumentDataset(out, "valid")
+    assert ds.sentences_text(0)[0].startswith("(cnn) --") or "-lrb-" not in " ".join(ds.sentences_text(0))
+    assert all(ds.labels(i).sum() >= 1 for i in range(len(ds)) if ds.chunk_index(i) == 0)
+    # rerun: every shard finished, nothing redone
+    marker = out / "shards" / "shard-00000.json"
+    before = marker.stat().st_mtime_ns
+    assert main(["prep", "data=sample_cnndm", f"data.output={out}", "--no-progress"]) == 0
+    assert marker.stat().st_mtime_ns == before
+    assert main(["prep", "data=sample_cnndm", f"data.output={out}", "--shard-index", "0"]) == 2
+    assert "--num-shards" in capsys.readouterr().err
+
+
+def test_shipped_data_configs_load(repo):
+    from hibert.config import load_config
+
+    for path in sorted((repo / "configs" / "data").glob("*.yaml")):
+        cfg = load_config(None, [f"data={path.stem}"])
+        assert cfg.data.sources
+        if path.stem.startswith("sample_"):
+            assert cfg.data.tokenizer.vocab_size <= 8000 and not cfg.data.tokenizer.hard_vocab_limit
+            for s in cfg.data.sources:
+                assert (repo / s.path).is_file()

@@ -1,0 +1,72 @@
+"""Segmentation through stanza (offline, spaCy variant) and SentencePiece training with the fixed ids."""
+import json
+
+import pytest
+
+from data_prep import tokenizer as tok
+from data_prep.records import split_paragraphs
+from data_prep.segment import OFFLINE_RESOURCES, SegmenterUnavailable, make_segmenter, offline_resources_dir
+from hibert import tokens as T
+from hibert.config.data import SegmenterConfig, TokenizerConfig
+
+
+@pytest.fixture(scope="module")
+def fast():
+    return make_segmenter(SegmenterConfig(kind="spacy", fast=True))
+
+
+def test_offline_pipeline_resources_json():
+    d = offline_resources_dir()
+    assert json.loads((d / "resources.json").read_text()) == OFFLINE_RESOURCES
+    assert set(OFFLINE_RESOURCES["en"]) == {"lang_name", "packages", "tokenize", "default_processors",
+                                            "default_dependencies"}
+
+
+def test_segmentation_produces_sentences_and_tokens(fast):
+    docs = [["Dr. Smith arrived at 5 p.m. on Monday. He left early!", "A second paragraph, without a stop"],
+            ["Prices rose 3.5% in the U.S. last year. Analysts didn't expect it."]]
+    out = fast.segment(docs)
+    assert out == [[("Dr. Smith arrived at 5 p.m. on Monday.", 9), ("He left early!", 4),
+                    ("A second paragraph, without a stop", 7)],
+                   [("Prices rose 3.5% in the U.S. last year.", 10), ("Analysts didn't expect it.", 6)]]
+    assert fast.info["library"] == "stanza" and fast.info["variant"] == "spacy" and fast.info["offline"]
+
+
+def test_fast_path_equals_the_stanza_pipeline(fast, repo):
+    """The fast path feeds the spaCy object stanza's variant builds; stanza's own Documents must agree."""
+    full = make_segmenter(SegmenterConfig(kind="spacy", fast=False))
+    rows = [json.loads(line) for line in (repo / "samples" / "bbc_sample.jsonl").read_text().splitlines()[:25]]
+    rows += [json.loads(line) for line in (repo / "samples" / "reuters_sample.jsonl").read_text().splitlines()[:25]]
+    docs = [split_paragraphs(r.get("article") or r.get("body")) for r in rows]
+    a, b = fast.segment(docs), full.segment(docs)
+    assert a == b and sum(len(d) for d in a) > 400
+    assert full.info["fast_path"] is False
+
+
+def test_neural_without_models_is_an_error_not_a_fallback(tmp_path):
+    with pytest.raises(SegmenterUnavailable, match="kind=spacy explicitly"):
+        make_segmenter(SegmenterConfig(kind="neural", stanza_dir=str(tmp_path)))
+    with pytest.raises(SegmenterUnavailable):
+        make_segmenter(SegmenterConfig(kind="neural"))
+
+
+def test_sentencepiece_special_ids(tmp_path, fast, repo):
+    rows = [json.loads(line) for line in (repo / "samples" / "reuters_sample.jsonl").read_text().splitlines()[:150]]
+    sents = [t for d in fast.segment([split_paragraphs(r["body"]) for r in rows]) for t, _ in d]
+    path = tok.train(sents, TokenizerConfig(vocab_size=1000, hard_vocab_limit=False, model_type="bpe"), tmp_path)
+    assert tok.train(sents, TokenizerConfig(vocab_size=1000, hard_vocab_limit=False, model_type="bpe"),
+                     tmp_path / "again").read_bytes() == path.read_bytes()  # deterministic
+    sp = tok.load(path)
+    pieces = [sp.id_to_piece(i) for i in range(6)]
+    assert pieces == ["<pad>", "<unk>", "<s>", "</s>", "[MASK]", "[SEP]"]
+    assert (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) == (T.PAD_ID, T.UNK_ID, T.BOS_ID, T.EOS_ID)
+    ids = sp.encode(sents[0])
+    assert ids and min(ids) > T.SEP_ID and sp.decode(ids) == sents[0]
+    assert (tmp_path / "tokenizer.vocab").read_text().splitlines()[4] == "[MASK]\t0"
+    assert not list(tmp_path.glob(".*"))
+    # a model with other special ids is refused
+    import sentencepiece as spm
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(sents), model_prefix=str(tmp_path / "foreign"),
+                                   vocab_size=500, hard_vocab_limit=False, minloglevel=2)
+    with pytest.raises(ValueError, match="special ids"):
+        tok.load(tmp_path / "foreign.model")

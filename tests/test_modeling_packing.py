@@ -1,0 +1,115 @@
+"""Batch layouts of modeling/: the padding-free packing and the padded reference layout."""
+import numpy as np
+import pytest
+import torch
+
+from hibert.tokens import BOS_ID, EOS_ID, MASK_ID, PAD_ID
+from modeling import make_padded_pretrain_batch, make_pretrain_batch, pack_documents, pad_documents
+from modeling.pretraining import IGNORE_INDEX
+
+DOCS = [
+    [[10, 11, 12], [13], []],          # an empty sentence still has its EOS
+    [[20, 21, 22, 23, 24, 25, 26, 27, 28]],
+    [[30, 31], [32, 33, 34], [35], [36, 37]],
+]
+
+
+def test_pack_layout_holds_every_real_token_once():
+    p = pack_documents(DOCS, pad_to_multiple=8)
+    assert p.tokens.shape == (8, 16)  # longest sentence 9 words + EOS = 10 -> 16
+    assert p.num_docs == 3 and p.num_sentences == 8
+    assert p.num_real_tokens == sum(len(s) + 1 for d in DOCS for s in d)
+    assert p.sent_lens.tolist() == [4, 2, 1, 10, 3, 4, 2, 3]
+    assert p.doc_index.tolist() == [0, 0, 0, 1, 2, 2, 2, 2]
+    assert p.sent_pos.tolist() == [0, 1, 2, 0, 0, 1, 2, 3]
+    assert p.doc_lens.tolist() == [3, 1, 4]
+    assert p.tokens[0].tolist() == [10, 11, 12, EOS_ID] + [PAD_ID] * 12
+    assert p.tokens[2].tolist() == [EOS_ID] + [PAD_ID] * 15
+    # the computed stream is exactly the real tokens, sentence after sentence
+    stream = p.tokens.reshape(-1)[p.token_index]
+    expected = [t for d in DOCS for s in d for t in list(s) + [EOS_ID]]
+    assert stream.tolist() == expected
+    assert (stream[p.eos_index] == EOS_ID).all()
+    assert p.token_pos.tolist()[:6] == [0, 1, 2, 3, 0, 1]
+    assert p.token_mask.sum(1).tolist() == p.sent_lens.tolist()
+    assert p.token_cu.tolist() == [0, 4, 6, 7, 17, 20, 24, 26, 29]
+    assert p.doc_cu.tolist() == [0, 3, 4, 8]
+    assert p.doc_mask.shape == (3, 8) and p.doc_mask.sum(1).tolist() == [3, 1, 4]
+    grid = torch.zeros(3 * 8, dtype=torch.long)
+    grid[p.sent_slot] = torch.arange(1, 9)
+    assert grid.view(3, 8)[2, :4].tolist() == [5, 6, 7, 8]
+
+
+def test_pad_to_multiple_only_changes_widths():
+    a, b = pack_documents(DOCS, pad_to_multiple=1), pack_documents(DOCS, pad_to_multiple=8)
+    assert a.tokens.shape == (8, 10) and a.doc_mask.shape == (3, 4)
+    assert torch.equal(a.tokens.reshape(-1)[a.token_index], b.tokens.reshape(-1)[b.token_index])
+    assert torch.equal(a.token_pos, b.token_pos) and torch.equal(a.eos_index, b.eos_index)
+
+
+def test_numpy_sentences_and_lists_pack_the_same():
+    as_arrays = [[np.asarray(s, dtype=np.int32) for s in d] for d in DOCS]
+    assert torch.equal(pack_documents(as_arrays).tokens, pack_documents(DOCS).tokens)
+
+
+def test_padded_reference_layout():
+    d = pad_documents(DOCS, max_sentences=5, max_tokens=12)
+    assert d.is_padded_layout and d.token_index is None and d.sent_slot is None
+    assert d.tokens.shape == (15, 13) and d.doc_mask.shape == (3, 5)
+    assert d.real_rows().tolist() == [0, 1, 2, 5, 10, 11, 12, 13]
+    assert d.tokens[5, :10].tolist() == DOCS[1][0] + [EOS_ID]
+    assert (d.tokens.reshape(-1)[d.eos_index[d.real_rows()]] == EOS_ID).all()
+    assert d.token_mask.any(1).all()  # no fully masked attention row, empty slots included
+    assert d.num_real_tokens == pack_documents(DOCS).num_real_tokens
+    with pytest.raises(ValueError):
+        pad_documents(DOCS, max_sentences=3)
+    with pytest.raises(ValueError):
+        pad_documents(DOCS, max_tokens=8)
+
+
+def test_bad_batches_are_rejected():
+    with pytest.raises(ValueError):
+        pack_documents([])
+    with pytest.raises(ValueError):
+        pack_documents([[[1, 2]], []])
+
+
+def test_pretrain_batch_teacher_forcing_layout():
+    masked = [[[10, 11, 12], [MASK_ID], [40]], [[20, 21]], [[MASK_ID] * 2, [32, 33, 34], [35], [36, 37]]]
+    positions = [[1], [], [0, 3]]
+    targets = [[[13]], [], [[30, 31], [36, 37]]]
+    b = make_pretrain_batch(masked, positions, targets, pad_to_multiple=4)
+    assert b.num_targets == 3 and b.max_target_len == 4 and b.num_target_tokens == 2 + 3 + 3
+    assert b.target_rows.tolist() == [1, 4, 7]  # docs rows: doc 0 has 3 sentences, doc 1 one
+    assert b.dec_tokens.tolist() == [BOS_ID, 13, BOS_ID, 30, 31, BOS_ID, 36, 37]
+    assert b.dec_labels.tolist() == [13, EOS_ID, 30, 31, EOS_ID, 36, 37, EOS_ID]
+    assert b.dec_pos.tolist() == [0, 1, 0, 1, 2, 0, 1, 2]
+    assert b.dec_rows.tolist() == [1, 1, 4, 4, 4, 7, 7, 7]
+    assert b.dec_cu.tolist() == [0, 2, 5, 8]
+    assert b.target_lens.tolist() == [2, 3, 3]
+
+    padded = make_padded_pretrain_batch(masked, positions, targets, max_sentences=4, max_tokens=5)
+    assert padded.target_rows.tolist() == [1, 8, 11]
+    assert padded.dec_index is None and padded.dec_tokens.shape == (3 * 6,)
+    labels = padded.dec_labels.view(3, 6)
+    assert labels[1].tolist() == [30, 31, EOS_ID] + [IGNORE_INDEX] * 3
+    assert padded.dec_tokens.view(3, 6)[1].tolist() == [BOS_ID, 30, 31, PAD_ID, PAD_ID, PAD_ID]
+    assert padded.num_target_tokens == b.num_target_tokens
+
+
+def test_pretrain_batch_checks_targets():
+    with pytest.raises(ValueError):
+        make_pretrain_batch([[[1]]], [[1]], [[[2]]])     # position past the document
+    with pytest.raises(ValueError):
+        make_pretrain_batch([[[1]]], [[0]], [[]])        # positions and sentences disagree
+    with pytest.raises(ValueError):
+        make_pretrain_batch([[[1]]], [], [])             # one entry per document
+
+
+def test_to_moves_every_tensor_and_keeps_ints():
+    b = make_pretrain_batch([[[10, 11], [MASK_ID]]], [[1]], [[[12]]])
+    moved = b.to("meta")
+    assert moved.docs.tokens.device.type == "meta" and moved.dec_tokens.device.type == "meta"
+    assert moved.docs.token_cu.device.type == "meta"
+    assert moved.num_target_tokens == b.num_target_tokens and moved.docs.num_real_tokens == b.docs.num_real_tokens
+    assert b.docs.tokens.device.type == "cpu"  # the original is untouched
