@@ -80,24 +80,46 @@ def plot_losses(cfg: Config, out: Path) -> Path | None:
     if exp is None:
         return None
     runs = c.search_runs([exp.experiment_id], filter_string="tags.task != ''")
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    # pretraining (masked-sentence NLL) and finetuning (sentence-label NLL) live on different scales
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5))
+    rows = {"masked_sentence": (0, "pretraining"), "extractive": (1, "extractive finetuning")}
     for run in sorted(runs, key=lambda r: r.info.start_time):
-        name = run.info.run_name
-        for ax, key in zip(axes, ("train_loss", "valid_loss")):
-            hist = c.get_metric_history(run.info.run_id, key)
+        row, _ = rows.get(run.data.tags.get("task", ""), (None, ""))
+        if row is None:
+            continue
+        for ax, key in zip(axes[row], ("train_loss", "valid_loss")):
+            hist = sorted(c.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
             if hist:
-                hist.sort(key=lambda m: m.step)
-                ax.plot([m.step for m in hist], [m.value for m in hist], marker="." if key == "valid_loss" else None,
-                        label=name)
-    for ax, title in zip(axes, ("training loss", "validation loss")):
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.legend(fontsize=7)
+                ax.plot([m.step for m in hist], [m.value for m in hist],
+                        marker="." if key == "valid_loss" else None, label=run.info.run_name)
+    for row, title in rows.values():
+        for ax, kind in zip(axes[row], ("training loss", "validation loss")):
+            ax.set_title(f"{title}: {kind}")
+            ax.set_xlabel("step")
+            if ax.lines:
+                ax.legend(fontsize=7)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def print_results(reports: list[dict], names: list[str]) -> None:
+    """One table: every finetuned model, then Lead-3 and the oracle (the same documents in every report)."""
+    rows: list[tuple[str, dict]] = []
+    for name, rep in zip(names, reports):
+        init = rep["meta"].get("encoder_init") or "random init"
+        rows.append((f"{name} ({init.replace('models:/', '')})", rep["scores"]["model"]))
+    for system in ("lead3", "oracle"):
+        if system in reports[0]["scores"]:
+            rows.append((system, reports[0]["scores"][system]))
+    print(f"\n== ROUGE F1 on {reports[0]['num_documents']} held-out test documents (rouge-score, 95% CI) ==")
+    width = max(len(r[0]) for r in rows)
+    for label, sc in rows:
+        cells = "  ".join(f"{m.replace('_f', '')} {sc[m]['mean']:5.2f} [{sc[m]['low']:5.2f},{sc[m]['high']:5.2f}]"
+                          for m in ("rouge1_f", "rouge2_f", "rougeL_f"))
+        print(f"  {label:<{width}}  {cells}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,12 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
     reports = sorted(root.glob("*/report-test/report.json"))
     if reports:
-        rep = json.loads(reports[-1].read_text())
-        print(f"\n== ROUGE F1 on {rep['num_documents']} held-out test documents (rouge-score, 95% CI) ==")
-        for system, sc in rep["scores"].items():
-            cells = "  ".join(f"{m.replace('_f', ''):>6} {sc[m]['mean']:5.2f} [{sc[m]['low']:5.2f},{sc[m]['high']:5.2f}]"
-                              for m in ("rouge1_f", "rouge2_f", "rougeL_f"))
-            print(f"  {system:<7} {cells}")
+        print_results([json.loads(r.read_text()) for r in reports], [r.parent.parent.name for r in reports])
     curves = plot_losses(cfg, root / "report" / "loss_curves.png")
 
     exports = sorted(root.glob("*finetune*/export/head.safetensors"))

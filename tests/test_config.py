@@ -94,3 +94,15 @@ def test_resolved_config_round_trips(tmp_path):
 
 def test_config_hash_changes_with_content():
     assert config_hash(load_config()) != config_hash(load_config(None, ["optimizer.lr=3e-4"]))
+
+
+def test_interpolation_of_dotted_keys(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("run: {output_dir: out}\ndata: {output: '${run.output_dir}/data/x'}\n"
+                      "slurm: {pipeline: [{name: p, command: prep, overrides: ['data.output=${run.output_dir}/d']}]}\n")
+    cfg = load_config(recipe, ["run.output_dir=/tmp/elsewhere"])
+    assert cfg.data.output == "/tmp/elsewhere/data/x"
+    assert cfg.slurm.pipeline[0].overrides == ["data.output=/tmp/elsewhere/d"]
+    assert load_config(None, ["data.output=${run.name}-data"]).data.output == "hibert-data"  # schema default
+    with pytest.raises(ConfigError, match="no such key"):
+        load_config(None, ["data.output=${run.nope}"])

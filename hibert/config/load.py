@@ -10,6 +10,7 @@ import difflib
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
@@ -106,6 +107,38 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], base_dir: Path | 
     return raw
 
 
+_REF = re.compile(r"\$\{([A-Za-z0-9_.]+)\}")
+
+
+def _lookup(raw: dict[str, Any], defaults: dict[str, Any], dotted: str) -> Any:
+    for source in (raw, defaults):
+        node: Any = source
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                break
+            node = node[part]
+        else:
+            return node
+    raise ConfigError(f"${{{dotted}}}: no such key to interpolate")
+
+
+def interpolate(raw: dict[str, Any]) -> dict[str, Any]:
+    """Replace `${dotted.key}` inside string values (recipes, overrides, pipeline stages) with the value
+    of that key, taken from the config being loaded or the schema defaults. One level, no recursion."""
+    defaults = Config().model_dump(mode="json")
+
+    def sub(v: Any) -> Any:
+        if isinstance(v, str):
+            return _REF.sub(lambda m: str(_lookup(raw, defaults, m.group(1))), v)
+        if isinstance(v, list):
+            return [sub(x) for x in v]
+        if isinstance(v, dict):
+            return {k: sub(x) for k, x in v.items()}
+        return v
+
+    return sub(raw)
+
+
 def _fields_at(loc: tuple[Any, ...]) -> list[str]:
     """Valid field names of the section at `loc` (walking nested models and lists)."""
     model: Any = Config
@@ -153,6 +186,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     origin = str(path) if path else "defaults"
     raw = _resolve_sections(raw, base_dir)
     raw = apply_overrides(raw, overrides or [], base_dir)
+    raw = interpolate(raw)
     try:
         return Config.model_validate(raw)
     except ValidationError as e:

@@ -1,0 +1,29 @@
+"""The main job (`make demo`) end to end on the shipped sample, capped to a few steps per stage."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+
+def test_demo_pipeline_runs_every_stage_and_reuses_them(tmp_path, repo):
+    cmd = [sys.executable, "-m", "hibert.demo", "demo", f"run.output_dir={tmp_path}", "schedule.max_steps=4",
+           "schedule.eval_every=2", "schedule.log_every=1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1100, cwd=repo)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    for stage in ["prep-open", "prep-cnndm", "pretrain-open", "pretrain-in", "finetune", "evaluate",
+                  "finetune-random", "evaluate-random"]:
+        assert f"{stage:<14} done" in out.stdout, stage
+    assert "ROUGE F1" in out.stdout and "lead3" in out.stdout and "oracle" in out.stdout
+    assert "summary of a held-back article" in out.stdout and "mlflow ui" in out.stdout
+    assert (tmp_path / "report" / "loss_curves.png").is_file()
+    report = json.loads((tmp_path / "finetune" / "report-test" / "report.json").read_text())
+    assert report["meta"]["encoder_init"] == "models:/hibert-encoder@in-domain"
+    from hibert.registry import list_versions
+
+    aliases = {a for r in list_versions(f"sqlite:///{tmp_path / 'mlflow.db'}") for a in r["aliases"]}
+    assert {"open-domain", "in-domain", "finetuned"} <= aliases
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=repo)
+    assert again.returncode == 0 and again.stdout.count("reused") >= 8

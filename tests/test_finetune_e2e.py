@@ -1,0 +1,78 @@
+"""`hibert finetune / evaluate / summarize` on the prepared CNN/DM sample (real DeepSpeed, MLflow, ROUGE)."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import HIBERT, run_hibert, tiny_train_overrides
+from test_pretrain_deepspeed import metric_history
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def finetuned(tiny_data, tmp_path_factory):
+    root = tmp_path_factory.mktemp("ft")
+    over = tiny_train_overrides(root, "ft", tiny_data["cnndm"], **{
+        "schedule.max_steps": 24, "schedule.eval_every": 8, "checkpoint.keep_best": 2,
+        "objective.top_k": 2, "optimizer.lr": 2e-3})
+    run_hibert(["finetune", *over, "--init", "random", "--nproc", "2"], timeout=400)
+    return root, over
+
+
+def test_head_trains_loss_falls_and_model_is_registered(finetuned):
+    from hibert.registry import list_versions
+
+    root, _ = finetuned
+    losses = metric_history(root, "ft", "train_loss")
+    assert np.mean(losses[-4:]) < np.mean(losses[:4]), losses
+    assert metric_history(root, "ft", "valid_rouge")  # validation ROUGE drove model selection
+    export = root / "ft" / "export"
+    meta = json.loads((export / "export.json").read_text())
+    assert meta["selection_metric"] == "valid_rouge" and 1 <= len(meta["selected_steps"]) <= 2
+    assert meta["data"]["segmenter"]["kind"] == "spacy"
+    assert (export / "head.safetensors").is_file() and (export / "tokenizer.model").is_file()
+    versions = list_versions(f"sqlite:///{root / 'mlflow.db'}", "hibert-extractive")
+    assert versions and versions[-1]["aliases"] == ["finetuned"]
+
+
+def test_evaluate_reports_model_next_to_lead3_and_oracle(finetuned):
+    root, over = finetuned
+    out = run_hibert(["evaluate", *over, "--bootstrap", "200"], timeout=300)
+    report = json.loads((root / "ft" / "report-test" / "report.json").read_text())
+    assert set(report["scores"]) == {"model", "lead3", "oracle"}
+    for system in report["scores"].values():
+        r1 = system["rouge1_f"]
+        assert r1["low"] <= r1["mean"] <= r1["high"]
+    assert report["scores"]["oracle"]["rouge1_f"]["mean"] > report["scores"]["lead3"]["rouge1_f"]["mean"]
+    assert (root / "ft" / "report-test" / "rouge.png").stat().st_size > 10_000
+    md = (root / "ft" / "report-test" / "report.md").read_text()
+    assert "| lead3 |" in md and "**reference:**" in md and "rouge-score" in md
+    assert "lead3" in out.stdout and "report:" in out.stdout
+
+
+def test_summarize_raw_text_and_bad_input(finetuned, tmp_path):
+    root, over = finetuned
+    text = ("The city council approved the new budget on Monday. It includes money for three new schools. "
+            "Critics said the plan raises taxes too much.\n\nThe mayor welcomed the vote. She said construction "
+            "would start next year. Residents will be able to comment until March.")
+    doc = tmp_path / "article.txt"
+    doc.write_text(text)
+    out = run_hibert(["summarize", *over, "--input", doc, "--k", "2", "--json"])
+    rec = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(rec["summary"]) == 2 and rec["indices"] == sorted(rec["indices"]) and rec["num_sentences"] == 6
+    assert all(s in text for s in rec["summary"])
+    one = subprocess.run(HIBERT + ["summarize", *over], input="Just one sentence here.", capture_output=True,
+                         text=True, timeout=120)
+    assert one.returncode == 0 and "Just one sentence here." in one.stdout
+    for data, needle in [(b"", "empty input"), (b"\x00\x01\x02binary", "binary"), (b"\xff\xfe bad", "not UTF-8")]:
+        bad = tmp_path / "bad.txt"
+        bad.write_bytes(data)
+        r = subprocess.run(HIBERT + ["summarize", *over, "--input", str(bad)], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run(HIBERT + ["summarize", *over, "--model", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "cannot load model" in r.stderr and "Traceback" not in r.stderr
