@@ -4,8 +4,8 @@ Both layouts run the SAME weights on the SAME documents: the padding-free packin
 classic [B, 30, 50(+1)] padded layout. Only lengths matter, so token ids are random. Before timing, the
 two layouts' losses on the first batch are compared (eval mode) to show they compute the same function.
 
-    python benchmarks/bench_modeling.py --device cpu --size hibert_s --docs 8 --steps 3
-    python benchmarks/bench_modeling.py --device cuda --dtype bf16 --size hibert_m --docs 64 --steps 20 --compile
+    python benchmarks/bench_modeling.py --device cpu --size hibert_s --docs 8 --steps 3 --warmup 1 --threads 1
+    python benchmarks/bench_modeling.py --device cuda --dtype bf16 --size hibert_m --docs 128 --steps 10 --warmup 3 --compile
 """
 from __future__ import annotations
 
@@ -78,20 +78,28 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_layout(model, step_fn, batches: list[PretrainBatch], warmup: int, device: str) -> dict:
-    for batch in batches[:warmup]:
-        step_fn(model, batch)
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    timed = batches[warmup:]
-    sync(device)
-    start = time.perf_counter()
-    for batch in timed:
-        step_fn(model, batch)
-    sync(device)
-    seconds = time.perf_counter() - start
-    return dict(seconds=seconds, steps=len(timed),
-                peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None)
+def time_steps(runner, step_fn, batches: dict[str, list[PretrainBatch]], warmup: int, device: str) -> dict:
+    """Warm every layout up, then time their steps in turn (one step of each, again and again), so that
+    a machine whose load changes during the run slows every layout alike."""
+    for layout in batches.values():
+        for batch in layout[:warmup]:
+            step_fn(runner, batch)
+    seconds = dict.fromkeys(batches, 0.0)
+    peak = dict.fromkeys(batches, 0)
+    n = len(next(iter(batches.values())))
+    for i in range(warmup, n):
+        for name, layout in batches.items():
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            sync(device)
+            start = time.perf_counter()
+            step_fn(runner, layout[i])
+            sync(device)
+            seconds[name] += time.perf_counter() - start
+            if device == "cuda":
+                peak[name] = max(peak[name], torch.cuda.max_memory_allocated())
+    return {name: dict(seconds=seconds[name], steps=n - warmup,
+                       peak_memory_gib=peak[name] / 2**30 if device == "cuda" else None) for name in batches}
 
 
 def main() -> None:
@@ -109,7 +117,11 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=next((d for d in DEFAULT_DATA if d.is_file()), DEFAULT_DATA[-1]))
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (1 is steadier on a machine shared with other jobs)")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     layouts = args.layouts.split(",")
 
     torch.manual_seed(args.seed)
@@ -150,18 +162,16 @@ def main() -> None:
             out = m(batch)
         out.loss.backward()
 
-    results = {}
-    for name in layouts:
-        batches = [b.to(args.device) for b in (packed if name == "packed" else padded)]
-        r = run_layout(runner, step, batches, args.warmup, args.device)
-        timed = slice(args.warmup, None)
+    on_device = {name: [b.to(args.device) for b in (packed if name == "packed" else padded)] for name in layouts}
+    results = time_steps(runner, step, on_device, args.warmup, args.device)
+    timed = slice(args.warmup, None)
+    for r in results.values():
         r["real_tokens_per_s"] = sum(real_tokens[timed]) / r["seconds"]
         r["target_tokens_per_s"] = sum(target_tokens[timed]) / r["seconds"]
         r["step_ms"] = r["seconds"] / r["steps"] * 1e3
         r["model_tflops_per_s"] = sum(flops[timed]) / r["seconds"] / 1e12
         r["mfu"] = r["model_tflops_per_s"] / args.peak_tflops if args.device == "cuda" else None
-        results[name] = r
-        del batches
+    del on_device
 
     slots = padded[0].docs.tokens.numel()
     summary = dict(

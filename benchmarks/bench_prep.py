@@ -31,6 +31,17 @@ from hibert.config.data import DataConfig, SourceConfig, TokenizerConfig  # noqa
 GIGA_CM_WORDS = 2.85e9
 
 
+def kept_words(dataset: Path) -> int:
+    """Whitespace words of the documents the dataset kept (its sentence texts hold every word once)."""
+    from data_prep import DocumentDataset
+
+    n = 0
+    for split in ("train", "valid", "test"):
+        ds = DocumentDataset(dataset, split)
+        n += sum(len(t.split()) for i in range(len(ds)) for t in ds.sentences_text(i))
+    return n
+
+
 def input_words(path: Path, field: str) -> tuple[int, int]:
     docs = words = 0
     for line in path.open(encoding="utf-8"):
@@ -63,7 +74,7 @@ def main() -> None:
     tokenizer_s = time.time() - t0
     model = work / "tokenizer" / "tokenizer.model"
 
-    docs_nonempty, ws_words_all = input_words(Path(args.input), args.text_field)
+    _, ws_words_all = input_words(Path(args.input), args.text_field)
     recipe = work / "recipe.yaml"
     recipe.write_text(json.dumps({"data": {
         "sources": [src[0].model_dump(mode="json")], "tokenizer": {"model": str(model)}}}))
@@ -86,9 +97,7 @@ def main() -> None:
                      "shard_cpu_seconds": [x["cpu_seconds"] for x in shards], "docs_in": c["docs_in"],
                      "kept": c["kept"], "skipped": c["skipped"], "segmenter_word_tokens": c["words"],
                      "sentences": c["sentences"], "tokens": c["tokens"]})
-    # whitespace words of the kept documents = all non-empty minus duplicates' share (use the ratio)
-    kept_ratio = runs[0]["kept"] / max(docs_nonempty, 1)
-    ws_words = int(ws_words_all * kept_ratio)
+    ws_words = kept_words(work / f"w{args.workers[0]}")
     for r in runs:
         r["words"] = ws_words
         r["words_per_s"] = round(ws_words / r["wall_s"])
@@ -116,7 +125,8 @@ def main() -> None:
         "hours_at_steady_state": round(GIGA_CM_WORDS / (base["steady_words_per_s_per_core"] * 64
                                                         * min(best["steady_speedup_vs_1"] / best["workers"], 1.0))
                                        / 3600, 2),
-        "note": "one-node 64-worker run; tokenizer training on a 1M-sentence sample comes on top",
+        "note": "one node, 64 workers, this machine's per-core speed; tokenizer training on a 1M-sentence "
+                "sample (segmenting it in parallel, then the SentencePiece trainer) comes on top",
     }
     result = {"benchmark": "bench_prep", "input": args.input, "host": platform.node(),
               "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg(), "segmenter": "stanza spacy variant (fast)",

@@ -25,12 +25,19 @@ def tracking_uri(configured: str | None, output_dir: str | Path = "runs") -> str
 
 
 def client(uri: str) -> Any:
-    import mlflow
+    """A client bound to `uri`, without touching MLflow's global state."""
     from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def activate(uri: str) -> None:
+    """Point MLflow's fluent API (start_run, log_*) at `uri` for this process. MLflow also exports it
+    as $MLFLOW_TRACKING_URI, which child processes inherit: call it only in the process that logs."""
+    import mlflow
 
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
-    return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
 def register_artifact_dir(uri: str, run_id: str, artifact_path: str, name: str, alias: str | None,
@@ -57,8 +64,8 @@ def resolve_model(ref: str, uri: str, dst: str | Path | None = None) -> Path:
         return path
     import mlflow
 
-    client(uri)
-    local = mlflow.artifacts.download_artifacts(artifact_uri=ref, dst_path=str(dst) if dst else None)
+    local = mlflow.artifacts.download_artifacts(artifact_uri=ref, dst_path=str(dst) if dst else None,
+                                                tracking_uri=uri, registry_uri=uri)
     return Path(local)
 
 

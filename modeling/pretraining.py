@@ -80,7 +80,8 @@ def _decoder_fields(target_sentences: Sequence[Sequence[Sentence]], row_of: np.n
     t = torch.from_numpy
     return dict(
         dec_tokens=t(inputs), dec_labels=t(labels), dec_pos=t(pos), dec_rows=t(row_of[target_of]),
-        dec_index=None if padded else t(slot), dec_cu=None if padded else cumulative(lens), target_rows=t(row_of), target_lens=t(lens),
+        dec_index=None if padded else t(slot), dec_cu=None if padded else cumulative(lens),
+        target_rows=t(row_of), target_lens=t(lens),
         num_targets=m, max_target_len=width, num_target_tokens=int(lens.sum()),
     )
 

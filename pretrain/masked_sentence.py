@@ -43,6 +43,12 @@ class MaskedSentenceTask(Task):
             from pretrain.export import load_encoder
 
             load_encoder(model.encoder, self.init_state)
+        if self.cfg.deepspeed.zero_stage == 3 and self.model_cfg.tie_output_embeddings:
+            import deepspeed
+
+            # The tied output projection reads the token embedding outside the embedding's own forward:
+            # ZeRO-3 must gather that partitioned weight for the whole model forward.
+            deepspeed.zero.register_external_parameter(model, model.encoder.token_embedding.weight)
         return model
 
     def make_item(self, dataset, doc_indices: np.ndarray, epoch: int) -> LoaderItem:

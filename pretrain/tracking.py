@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hibert.config import Config, config_to_dict
-from hibert.registry import client, tracking_uri
+from hibert.registry import activate, tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class Tracker:
             return None
         import mlflow
 
-        client(self.uri)
+        activate(self.uri)
         mlflow.set_experiment(self.cfg.tracking.experiment)
         run = mlflow.start_run(run_id=run_id, run_name=None if run_id else self.cfg.run.name)
         self.run_id = run.info.run_id

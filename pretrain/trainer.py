@@ -73,7 +73,8 @@ class Trainer:
                                       "evals_without_improvement": 0, "mlflow_run_id": None,
                                       "candidates": [],  # [score, step, path] of the best evaluations
                                       "seed": cfg.schedule.seed, "config_hash": config_hash(cfg),
-                                      "world_size": rt.world_size}
+                                      "world_size": rt.world_size,
+                                      "micro_per_step": rt.world_size * cfg.schedule.grad_accum}
 
     # ---------------------------------------------------------------- planning
     def plan(self, epoch: int) -> BatchPlan:
@@ -92,15 +93,16 @@ class Trainer:
         r = self.ckpt.resume(self.engine, None if mode == "auto" else mode)
         if r is None:
             return
-        old_world = r.state.get("world_size", self.rt.world_size)
+        s = self.cfg.schedule
+        old_micro = r.state.get("micro_per_step", r.state.get("world_size", 1) * s.grad_accum)
         if r.state.get("config_hash") != self.state["config_hash"] and self.rt.is_main:
             log.warning("resuming %s written with a different config (hash %s, now %s)", r.tag,
                         r.state.get("config_hash"), self.state["config_hash"])
-        self.state.update({k: v for k, v in r.state.items() if k not in ("config_hash", "world_size")})
-        if old_world != self.rt.world_size:  # keep the position in the data stream, in micro-batches
-            s = self.cfg.schedule
-            consumed = r.state["step_in_epoch"] * old_world * s.grad_accum
-            self.state["step_in_epoch"] = consumed // (self.rt.world_size * s.grad_accum)
+        keep = ("config_hash", "world_size", "micro_per_step")
+        self.state.update({k: v for k, v in r.state.items() if k not in keep})
+        new_micro = self.rt.world_size * s.grad_accum
+        if old_micro != new_micro:  # keep the position in the data stream, counted in micro-batches
+            self.state["step_in_epoch"] = r.state["step_in_epoch"] * old_micro // new_micro
         if self.rt.is_main:
             log.info("resumed from %s at step %d (epoch %d, step %d of the epoch)", r.path,
                      self.state["global_step"], self.state["epoch"], self.state["step_in_epoch"])
@@ -144,7 +146,9 @@ class Trainer:
             save_resolved(cfg, self.run_dir)
         self._resume()
         done = self.run_dir / "export" / "registry.json"
-        if self.state.get("finished") and done.is_file():
+        max_steps = self._max_steps()
+        nothing_left = (max_steps and self.state["global_step"] >= max_steps) or self.state["epoch"] >= s.epochs
+        if self.state.get("finished") and nothing_left and done.is_file():
             # A finished run started again (e.g. a requeue after the last step): nothing left to do.
             if rt.is_main:
                 log.info("run already finished at step %d; export: %s", self.state["global_step"], done.parent)

@@ -3,7 +3,6 @@ access, resume, parallel workers, bad input, tokenizer reuse and the CLI."""
 import gzip
 import json
 import pickle
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -73,11 +72,13 @@ def expected_documents(cfg: DataConfig, out: Path) -> dict[str, dict]:
             for rec in readers.read(source, name, unit, cfg.max_doc_chars):
                 if not isinstance(rec, R.RawDoc):
                     continue
-                sents = [(sp.encode(t), t) for t, _ in sentencizer.sentences([(rec.paragraphs, source.ptb_tokenized)])[0]]
+                segmented = sentencizer.sentences([(rec.paragraphs, source.ptb_tokenized)])[0]
+                sents = [(sp.encode(t), t) for t, _ in segmented]
                 sents = [(ids, t) for ids, t in sents if ids]
                 summ = None
                 if rec.summary is not None:
-                    summ = [(sp.encode(t), t) for t, _ in sentencizer.sentences([(rec.summary, source.ptb_tokenized)])[0]]
+                    segmented = sentencizer.sentences([(rec.summary, source.ptb_tokenized)])[0]
+                    summ = [(sp.encode(t), t) for t, _ in segmented]
                 docs[rec.doc_id] = {"sents": sents, "summary": summ, "split": source.split or rec.split}
     return docs
 
@@ -282,6 +283,8 @@ def test_resume_skips_finished_shards(tmp_path):
     assert fresh["counts"]["truncated_sentences"] > m["counts"]["truncated_sentences"]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_two_workers_write_the_same_dataset_as_one(tmp_path):
     sources = [SourceConfig(format="jsonl", path=str(SAMPLES / "bbc_sample.jsonl"), name="bbc", text_field="article",
                             summary_field="summary", summary_glued=True, id_field="id")]
@@ -338,3 +341,29 @@ def test_shipped_data_configs_load(repo):
             assert cfg.data.tokenizer.vocab_size <= 8000 and not cfg.data.tokenizer.hard_vocab_limit
             for s in cfg.data.sources:
                 assert (repo / s.path).is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_array_tasks_share_one_tokenizer_and_merge(tmp_path, repo):
+    """Two concurrent `--shard-index` processes (a Slurm array) with no tokenizer yet: one trains it under the
+    lock, the other waits for it; then `--merge`. A stale lock from a dead process does not block."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "tokenizer.lock").write_text(f"{__import__('socket').gethostname()}:999999999")  # dead holder
+    args = [sys.executable, "-m", "hibert.cli", "prep", f"data.output={out}", "data.tokenizer.vocab_size=500",
+            "data.tokenizer.hard_vocab_limit=false", "--num-shards", "2", "--no-progress",
+            f"data.sources=[{{format: jsonl, path: '{SAMPLES / 'reuters_sample.jsonl'}', text_field: body, "
+            f"id_field: newid}}]"]
+    procs = [subprocess.Popen(args + ["--shard-index", str(i)], cwd=repo, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    logs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+    assert sum("training SentencePiece" in log for log in logs) == 1
+    merged = subprocess.run(args + ["--merge"], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert merged.returncode == 0, merged.stderr
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["counts"]["docs_in"] == 300 and m["plan"]["num_shards"] == 2 and not (out / "tokenizer.lock").exists()

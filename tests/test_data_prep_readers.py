@@ -109,13 +109,24 @@ def test_hf_dataset_saved_to_disk(tmp_path):
     assert [r.doc_id for r in single] == ["src:a1", "src:a2", "src:a3"] and all(r.split is None for r in single)
     assert single[1].summary == ["Bridge repairs finished two weeks early. The bridge reopened on Friday."]
     src = SourceConfig(format="hf", path=str(tmp_path / "dict"))
-    assert [u for u, _ in readers.list_units(src)] == [f"{tmp_path / 'dict'}::train", f"{tmp_path / 'dict'}::validation"]
+    units = [u for u, _ in readers.list_units(src)]
+    assert units == [f"{tmp_path / 'dict'}::train", f"{tmp_path / 'dict'}::validation"]
     both = _read(src)
     assert [(r.doc_id, r.split) for r in both] == [("src:train:0", "train"), ("src:train:1", "train"),
                                                    ("src:validation:0", "valid")]
     only = _read(SourceConfig(format="hf", path=str(tmp_path / "dict"), hf_split="validation"))
     assert len(only) == 1
-    assert readers.checksum(src, f"{tmp_path / 'dict'}::train") != readers.checksum(src, f"{tmp_path / 'dict'}::validation")
+    assert readers.checksum(src, units[0]) != readers.checksum(src, units[1])
+
+
+def test_hf_local_data_files_through_datasets(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    src = SourceConfig(format="hf", path=str(FIX / "jsonl" / "articles.jsonl"), text_field="body",
+                       summary_field="abstract", id_field="doc_id")
+    recs = _read(src)
+    assert [r.doc_id for r in recs] == ["src:a1", "src:a2", "src:a3"]
+    assert recs[2].summary == ["Collector donates twelve paintings to museum.", "New gallery opens in spring."]
 
 
 def test_plain_text_blank_line_separated():
@@ -138,7 +149,8 @@ def test_parts_partition_the_records(fmt, path):
 def test_glued_summary_is_split_using_the_article():
     article = ("TimeWarner said sales rose 2% to $11.1bn.\n\nThe U.S.-led group grew 3.5% in 2003. "
                'Its boss said: "We are pleased."\n\nProfits rose 1.3%\n\nRevenue fell in Europe.')
-    glued = 'TimeWarner said sales rose 2% to $11.1bn.Its boss said: "We are pleased."Profits rose 1.3%Revenue fell in Europe.'
+    glued = ('TimeWarner said sales rose 2% to $11.1bn.Its boss said: "We are pleased."Profits rose 1.3%'
+             "Revenue fell in Europe.")
     assert split_glued(glued, article) == ["TimeWarner said sales rose 2% to $11.1bn.",
                                            'Its boss said: "We are pleased."', "Profits rose 1.3%",
                                            "Revenue fell in Europe."]
@@ -147,7 +159,8 @@ def test_glued_summary_is_split_using_the_article():
 
 def test_glued_summaries_of_the_bbc_sample_come_from_the_article(repo):
     rows = [json.loads(line) for line in (repo / "samples" / "bbc_sample.jsonl").read_text().splitlines()]
-    pieces = [(p, " " + " ".join(r["article"].split()) + " ") for r in rows for p in split_glued(r["summary"], r["article"])]
+    pieces = [(p, " " + " ".join(r["article"].split()) + " ")
+              for r in rows for p in split_glued(r["summary"], r["article"])]
     found = sum(f" {p} " in art for p, art in pieces)
     assert found / len(pieces) > 0.99 and len(pieces) > 5 * len(rows)
 

@@ -50,6 +50,15 @@ def test_neural_without_models_is_an_error_not_a_fallback(tmp_path):
         make_segmenter(SegmenterConfig(kind="neural"))
 
 
+def test_cli_stanza_dir_selects_the_neural_tokenizer_and_fails_without_models(tmp_path, capsys, repo, monkeypatch):
+    from hibert.cli import main
+
+    monkeypatch.chdir(repo)
+    assert main(["prep", "data=sample_open", f"data.output={tmp_path}", "--stanza-dir", str(tmp_path)]) == 2
+    assert "kind=neural needs stanza's English models" in capsys.readouterr().err
+    assert not (tmp_path / "plan.json").exists()  # refused before any work
+
+
 def test_sentencepiece_special_ids(tmp_path, fast, repo):
     rows = [json.loads(line) for line in (repo / "samples" / "reuters_sample.jsonl").read_text().splitlines()[:150]]
     sents = [t for d in fast.segment([split_paragraphs(r["body"]) for r in rows]) for t, _ in d]

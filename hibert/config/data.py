@@ -67,7 +67,7 @@ class DataConfig(Section):
     test_fraction: float = Field(0.02, ge=0.0)
     dedup: bool = True                     # drop exact-duplicate documents (whitespace-normalized text)
     num_shards: int | None = None          # None -> max(workers, input size / shard_size_mb)
-    shard_size_mb: float = Field(256.0, gt=0)
+    shard_size_mb: float = Field(64.0, gt=0)     # input bytes on disk per shard (gzip: compressed)
     workers: int = Field(1, ge=1)
     num_workers_loader: int = 2            # DataLoader workers during training
 
