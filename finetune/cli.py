@@ -37,7 +37,7 @@ def run_finetune(cfg: Config, args: argparse.Namespace) -> int:
     setup_logging(rt.rank)
     train = DocumentDataset(cfg.data.dataset_dir, "train")
     valid = DocumentDataset(cfg.data.dataset_dir, "valid")
-    init = load_init(cfg, cfg.run_dir / "init" / f"rank{rt.rank}")
+    init = load_init(cfg, rt.rank)
     if init is not None:
         check_init_compatible(cfg, init, train.tokenizer_path)
         model_cfg = init[1].model_copy(update={"dropout": cfg.model.dropout})

@@ -64,6 +64,8 @@ def resolve_model(ref: str, uri: str, dst: str | Path | None = None) -> Path:
         return path
     import mlflow
 
+    # models:/ resolution builds clients from MLflow's global URI (default: ./mlflow.db), so set it
+    activate(uri)
     local = mlflow.artifacts.download_artifacts(artifact_uri=ref, dst_path=str(dst) if dst else None,
                                                 tracking_uri=uri, registry_uri=uri)
     return Path(local)

@@ -41,14 +41,26 @@ def relaunch(cfg: Config, command: str, nproc: int) -> int:
     return launch_local(nproc, ["-m", "hibert.cli", command, str(path)])
 
 
-def load_init(cfg: Config, dst: Path):
-    """run.init -> (encoder state, model config, export meta) or None."""
+def load_init(cfg: Config, rank: int = 0):
+    """run.init -> (encoder state, model config, export meta, local dir) or None.
+
+    Only rank 0 talks to the registry (concurrent first access to an sqlite store races on MLflow's
+    schema check); the other ranks read the same local copy, as the run directory is on a shared
+    filesystem (checkpoints need that too)."""
     if not cfg.run.init:
         return None
+    import torch.distributed as dist
+
     from hibert.registry import resolve_model, tracking_uri
     from pretrain.export import read_export
 
-    local = resolve_model(cfg.run.init, tracking_uri(cfg.tracking.uri, cfg.run.output_dir), dst)
+    box = [None]
+    if rank == 0:
+        box = [str(resolve_model(cfg.run.init, tracking_uri(cfg.tracking.uri, cfg.run.output_dir),
+                                 cfg.run_dir / "init"))]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(box, src=0)
+    local = Path(box[0])
     return (*read_export(local), local)
 
 
@@ -86,7 +98,7 @@ def train(cfg: Config) -> int:
     setup_logging(rt.rank)
     train_data = DocumentDataset(cfg.data.dataset_dir, "train")
     valid_data = DocumentDataset(cfg.data.dataset_dir, "valid")
-    init = load_init(cfg, cfg.run_dir / "init" / f"rank{rt.rank}")
+    init = load_init(cfg, rt.rank)
     if init is not None:
         check_init_compatible(cfg, init, train_data.tokenizer_path)
     task = MaskedSentenceTask(cfg, tokenizer_vocab_size(train_data.tokenizer_path),
