@@ -19,7 +19,6 @@ import numpy as np
 
 from hibert.config.data import DataConfig
 
-from data_prep import tokenizer as tok
 from data_prep.counts import add_up
 from data_prep.dataset import MANIFEST
 from data_prep.plan import write_json

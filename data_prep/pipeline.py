@@ -23,6 +23,7 @@ from data_prep import tokenizer as tok
 from data_prep.merge import merge
 from data_prep.process import SHARDS_DIR, Sentencizer, ShardProcessor, assign_split, shard_done, shard_marker
 from data_prep.progress import ProgressBar, QueueListener
+from data_prep.segment import check_available
 from data_prep.shards import SPLITS
 from data_prep.workers import WorkerPool
 
@@ -64,6 +65,24 @@ def _sample_items(cfg: DataConfig, plan: dict[str, Any]) -> list[tuple[list[str]
     return items or fallback
 
 
+class LazyPool:
+    """The worker pool, started only when there is parallel work (a rerun with nothing to do starts none)."""
+
+    def __init__(self, cfg: DataConfig, out: Path, plan: dict[str, Any], workers: int, progress: bool):
+        self.args = (cfg, out, plan, workers, progress)
+        self.pool: WorkerPool | None = None
+
+    def get(self) -> WorkerPool | None:
+        if self.pool is None and self.args[3] > 1:
+            self.pool = WorkerPool(*self.args)
+        return self.pool
+
+    def close(self, ok: bool) -> None:
+        if self.pool is not None:
+            self.pool.close() if ok else self.pool.terminate()
+            self.pool = None
+
+
 def _train_tokenizer(cfg: DataConfig, out: Path, plan: dict[str, Any], pool: WorkerPool | None,
                      sentencizer: Sentencizer) -> int:
     t0 = time.time()
@@ -99,7 +118,7 @@ def _lock_is_stale(lock: Path) -> bool:
     return False
 
 
-def ensure_tokenizer(cfg: DataConfig, out: Path, plan: dict[str, Any], pool: WorkerPool | None,
+def ensure_tokenizer(cfg: DataConfig, out: Path, plan: dict[str, Any], pool: LazyPool | None,
                      fresh: bool, sentencizer: Sentencizer | None = None) -> dict[str, Any]:
     """The dataset's tokenizer.model: installed (data.tokenizer.model), reused (same settings), or trained.
     Concurrent callers (array tasks) serialize on a lock file; the first trains, the others wait."""
@@ -137,7 +156,7 @@ def ensure_tokenizer(cfg: DataConfig, out: Path, plan: dict[str, Any], pool: Wor
                 tok.install(cfg.tokenizer.model, out)
                 described = tok.describe(model, cfg.tokenizer, None)
             else:
-                n = _train_tokenizer(cfg, out, plan, pool, sentencizer or Sentencizer(cfg))
+                n = _train_tokenizer(cfg, out, plan, pool.get() if pool else None, sentencizer or Sentencizer(cfg))
                 described = tok.describe(model, cfg.tokenizer, n)
             planning.write_json(info_path, {"settings": settings, "sha256": described["sha256"],
                                             "describe": described})
@@ -167,47 +186,31 @@ def prepare(cfg: DataConfig, *, workers: int | None = None, num_shards: int | No
         info = json.loads((out / TOKENIZER_INFO).read_text())["describe"]
         return merge(cfg, out, plan, info)
     local = shard_index is None
+    if any(not s.ptb_tokenized for s in cfg.sources):
+        check_available(cfg.segmenter)
     plan = planning.resolve(cfg, out, num_shards, workers, fresh)
     if shard_index is not None and not 0 <= shard_index < plan["num_shards"]:
         raise ValueError(f"--shard-index {shard_index} is outside 0..{plan['num_shards'] - 1}")
     if fresh and local:
         _wipe(out)
     shards = [shard_index] if shard_index is not None else list(range(plan["num_shards"]))
-    pool = WorkerPool(cfg, out, plan, workers, progress) if workers > 1 else None
+    pools = LazyPool(cfg, out, plan, workers, progress)
     sentencizer = Sentencizer(cfg)  # in-process work shares one segmenter (loaded on first use)
+    ok = False
     try:
-        info = ensure_tokenizer(cfg, out, plan, pool, fresh and local, sentencizer)
+        info = ensure_tokenizer(cfg, out, plan, pools, fresh and local, sentencizer)
         if tokenizer_only:
+            ok = True
             return None
         pending = [s for s in shards if fresh or not shard_done(out, s, plan["hash"], info["sha256"])]
         if len(pending) < len(shards):
             log.info("%d of %d shards already finished: skipped", len(shards) - len(pending), len(shards))
         for s in pending:
             shard_marker(out, s).unlink(missing_ok=True)
-        bar = ProgressBar(f"prep {out.name}", enabled=progress and bool(pending))
-        try:
-            if pool is not None and pending:
-                listener = QueueListener(pool.queue, bar) if pool.queue is not None else None
-                try:
-                    for result in pool.shards(pending):
-                        _log_shard(result)
-                finally:
-                    if listener:
-                        listener.stop()
-            elif pending:
-                processor = ShardProcessor(cfg, out, plan, sentencizer)
-                for s in pending:
-                    _log_shard(processor.run(s, bar.update if progress else None))
-        finally:
-            bar.close()
-    except BaseException:
-        if pool is not None:
-            pool.terminate()
-            pool = None
-        raise
+        _run_shards(cfg, out, plan, pending, pools.get() if len(pending) > 1 else None, sentencizer, progress)
+        ok = True
     finally:
-        if pool is not None:
-            pool.close()
+        pools.close(ok)
     if not local:
         return None
     manifest = merge(cfg, out, plan, info)
@@ -215,6 +218,28 @@ def prepare(cfg: DataConfig, *, workers: int | None = None, num_shards: int | No
     log.info("prepared %s: %d docs in, %d kept, skipped %s; %d chunks, %d sentences, %d tokens",
              out, c["docs_in"], c["kept"], c["skipped"], c["chunks"], c["sentences"], c["tokens"])
     return manifest
+
+
+def _run_shards(cfg: DataConfig, out: Path, plan: dict[str, Any], pending: list[int], pool: WorkerPool | None,
+                sentencizer: Sentencizer, progress: bool) -> None:
+    if not pending:
+        return
+    bar = ProgressBar(f"prep {out.name}", enabled=progress)
+    try:
+        if pool is not None:
+            listener = QueueListener(pool.queue, bar) if pool.queue is not None else None
+            try:
+                for result in pool.shards(pending):
+                    _log_shard(result)
+            finally:
+                if listener:
+                    listener.stop()
+        else:
+            processor = ShardProcessor(cfg, out, plan, sentencizer)
+            for s in pending:
+                _log_shard(processor.run(s, bar.update if progress else None))
+    finally:
+        bar.close()
 
 
 def _log_shard(result: dict[str, Any]) -> None:

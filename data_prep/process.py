@@ -155,7 +155,7 @@ class ShardProcessor:
         items += [(rec.summary, cfg.sources[si].ptb_tokenized) for si, rec, _, _ in batch if rec.summary is not None]
         segmented = self.sentencizer.sentences(items)
         texts = [t for sents in segmented for t, _ in sents]
-        ids = iter(self.sp.encode(texts, out_type=int))
+        ids = iter(self.sp.encode(texts, out_type=int, num_threads=1))  # one core per worker
         encoded = [[(next(ids), t, w) for t, w in sents] for sents in segmented]
         summaries = iter(encoded[len(batch):])
         words_total = 0

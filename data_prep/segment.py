@@ -101,23 +101,36 @@ class SpacySegmenter(Segmenter):
         return out
 
     def segment(self, docs: list[list[str]]) -> list[list[Sentence]]:
-        flat = [p for paragraphs in docs for p in paragraphs]
+        flat = [_clean(p) for paragraphs in docs for p in paragraphs]  # readers collapse already; callers may not
         per_paragraph = iter(self._paragraphs(flat))
         return [[s for _ in paragraphs for s in next(per_paragraph) if s[0]] for paragraphs in docs]
+
+
+def neural_models(cfg: SegmenterConfig) -> list[Path]:
+    """The stanza English tokenizer models in stanza_dir; SegmenterUnavailable when there are none."""
+    d = Path(cfg.stanza_dir) if cfg.stanza_dir else None
+    models = sorted((d / "en" / "tokenize").glob("*.pt")) if d else []
+    if d is None or not (d / "resources.json").is_file() or not models:
+        raise SegmenterUnavailable(
+            f"data.segmenter.kind=neural needs stanza's English models in data.segmenter.stanza_dir "
+            f"(--stanza-dir; now {cfg.stanza_dir!r}): run stanza.download('en', model_dir=DIR) where the hub "
+            f"is reachable. To prepare without them, choose data.segmenter.kind=spacy explicitly "
+            f"(recorded in the manifest).")
+    return models
+
+
+def check_available(cfg: SegmenterConfig) -> None:
+    """Fail before any work when the configured segmenter cannot run here."""
+    if cfg.kind == "neural":
+        neural_models(cfg)
 
 
 class NeuralSegmenter(Segmenter):
     def __init__(self, cfg: SegmenterConfig):
         import stanza
 
-        d = Path(cfg.stanza_dir) if cfg.stanza_dir else None
-        models = sorted((d / "en" / "tokenize").glob("*.pt")) if d else []
-        if d is None or not (d / "resources.json").is_file() or not models:
-            raise SegmenterUnavailable(
-                f"data.segmenter.kind=neural needs stanza's English models in data.segmenter.stanza_dir "
-                f"(--stanza-dir; now {cfg.stanza_dir!r}): run stanza.download('en', model_dir=DIR) where the hub "
-                f"is reachable. To prepare without them, choose data.segmenter.kind=spacy explicitly "
-                f"(recorded in the manifest).")
+        models = neural_models(cfg)
+        d = Path(cfg.stanza_dir)
         self.pipeline = stanza.Pipeline(lang="en", processors="tokenize", dir=str(d), download_method=None,
                                         use_gpu=cfg.use_gpu, logging_level="WARN")
         self.info = {"library": "stanza", "stanza_version": stanza.__version__, "processor": "tokenize",
