@@ -25,34 +25,16 @@ def run_finetune(cfg: Config, args: argparse.Namespace) -> int:
         from pretrain.cli import relaunch
 
         return relaunch(cfg, "finetune", args.nproc)
-    from data_prep import DocumentDataset
     from finetune.extractive_task import ExtractiveTask
-    from pretrain.cli import check_init_compatible, load_init, setup_logging
-    from pretrain.engine import init_distributed
-    from pretrain.dist_env import REQUEUE_EXIT_CODE
-    from pretrain.masked_sentence import tokenizer_vocab_size
-    from pretrain.trainer import Trainer
+    from pretrain.cli import prepare_run, run_task
 
-    rt = init_distributed(cfg)
-    setup_logging(rt.rank)
-    train = DocumentDataset(cfg.data.dataset_dir, "train")
-    valid = DocumentDataset(cfg.data.dataset_dir, "valid")
-    init = load_init(cfg, rt.rank)
-    if init is not None:
-        check_init_compatible(cfg, init, train.tokenizer_path)
-        model_cfg = init[1].model_copy(update={"dropout": cfg.model.dropout})
+    inputs = prepare_run(cfg)
+    if inputs.init is not None:  # the encoder's own size and vocabulary; this run's dropout
+        model_cfg = inputs.init[1].model_copy(update={"dropout": cfg.model.dropout})
     else:
-        model_cfg = cfg.model.model_copy(update={"vocab_size": tokenizer_vocab_size(train.tokenizer_path)})
-    task = ExtractiveTask(cfg, model_cfg, init[0] if init else None)
-    result = Trainer(cfg, task, rt, train, valid).fit()
-    if rt.is_main:
-        logging.getLogger("hibert").info("finetune %s at step %d; export %s; version %s; %s", result.status,
-                                         result.step, result.export_dir, result.registered_version, result.metrics)
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return REQUEUE_EXIT_CODE if result.status == "preempted" else 0
+        model_cfg = cfg.model.model_copy(update={"vocab_size": inputs.vocab_size})
+    task = ExtractiveTask(cfg, model_cfg, inputs.init[0] if inputs.init else None)
+    return run_task(cfg, inputs, task, "finetune")
 
 
 def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:

@@ -5,6 +5,7 @@ import argparse
 import logging
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from hibert.config import Config, save_resolved
@@ -85,15 +86,21 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
     return train(cfg)
 
 
-def train(cfg: Config) -> int:
-    from data_prep import DocumentDataset
-    from pretrain.dist_env import REQUEUE_EXIT_CODE
-    from pretrain.engine import init_distributed
-    from pretrain.masked_sentence import MaskedSentenceTask, tokenizer_vocab_size
-    from pretrain.trainer import Trainer
+@dataclass
+class RunInputs:
+    """What every training command sets up the same way before building its task."""
+    rt: object                       # pretrain.engine.Runtime
+    train: object                    # data_prep.DocumentDataset
+    valid: object
+    init: tuple | None               # load_init's (state, model config, meta, dir)
+    vocab_size: int
 
-    if cfg.objective.kind != "masked_sentence":
-        raise SystemExit(f"hibert pretrain trains objective.kind=masked_sentence, not {cfg.objective.kind}")
+
+def prepare_run(cfg: Config) -> RunInputs:
+    from data_prep import DocumentDataset
+    from pretrain.engine import init_distributed
+    from pretrain.masked_sentence import tokenizer_vocab_size
+
     rt = init_distributed(cfg)
     setup_logging(rt.rank)
     train_data = DocumentDataset(cfg.data.dataset_dir, "train")
@@ -101,15 +108,31 @@ def train(cfg: Config) -> int:
     init = load_init(cfg, rt.rank)
     if init is not None:
         check_init_compatible(cfg, init, train_data.tokenizer_path)
-    task = MaskedSentenceTask(cfg, tokenizer_vocab_size(train_data.tokenizer_path),
-                              init_state=init[0] if init else None)
-    result = Trainer(cfg, task, rt, train_data, valid_data).fit()
-    if rt.is_main:
-        logging.getLogger("hibert").info("pretrain %s at step %d; export: %s; registered version: %s; %s",
-                                         result.status, result.step, result.export_dir,
-                                         result.registered_version, result.metrics)
+    return RunInputs(rt, train_data, valid_data, init, tokenizer_vocab_size(train_data.tokenizer_path))
+
+
+def run_task(cfg: Config, inputs: RunInputs, task, command: str) -> int:
+    """Train `task` with the shared Trainer; exit code 75 (requeue) when preempted."""
     import torch.distributed as dist
 
+    from pretrain.dist_env import REQUEUE_EXIT_CODE
+    from pretrain.trainer import Trainer
+
+    result = Trainer(cfg, task, inputs.rt, inputs.train, inputs.valid).fit()
+    if inputs.rt.is_main:
+        logging.getLogger("hibert").info("%s %s at step %d; export: %s; registered version: %s; %s", command,
+                                         result.status, result.step, result.export_dir,
+                                         result.registered_version, result.metrics)
     if dist.is_initialized():
         dist.destroy_process_group()
     return REQUEUE_EXIT_CODE if result.status == "preempted" else 0
+
+
+def train(cfg: Config) -> int:
+    from pretrain.masked_sentence import MaskedSentenceTask
+
+    if cfg.objective.kind != "masked_sentence":
+        raise SystemExit(f"hibert pretrain trains objective.kind=masked_sentence, not {cfg.objective.kind}")
+    inputs = prepare_run(cfg)
+    task = MaskedSentenceTask(cfg, inputs.vocab_size, init_state=inputs.init[0] if inputs.init else None)
+    return run_task(cfg, inputs, task, "pretrain")

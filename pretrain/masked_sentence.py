@@ -9,7 +9,7 @@ import torch
 
 from hibert.config import Config
 from hibert.config.model import ModelConfig
-from pretrain.objective import MaskingSpec, mask_document, other_document_sentence
+from pretrain.objective import mask_document, other_document_sentence
 from pretrain.task import LoaderItem, Task
 
 
@@ -29,7 +29,7 @@ class MaskedSentenceTask(Task):
         self.cfg = cfg
         self.init_state = init_state
         self.model_cfg = cfg.model.model_copy(update={"vocab_size": vocab_size})
-        self.spec = MaskingSpec.from_config(cfg.objective)
+        self.spec = cfg.objective
         self.seed = cfg.schedule.seed
 
     def model_config(self) -> ModelConfig:

@@ -14,24 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hibert.config.training import ObjectiveConfig
 from hibert.tokens import MASK_ID
 
 MASK, KEEP, RANDOM = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class MaskingSpec:
-    select_ratio: float = 0.15
-    min_selected: int = 1
-    max_selected: int | None = None
-    mask_prob: float = 0.8
-    keep_prob: float = 0.1
-    random_prob: float = 0.1
-
-    @classmethod
-    def from_config(cls, objective) -> "MaskingSpec":
-        return cls(objective.select_ratio, objective.min_selected, objective.max_selected,
-                   objective.mask_prob, objective.keep_prob, objective.random_prob)
 
 
 @dataclass
@@ -46,14 +32,14 @@ def document_rng(seed: int, epoch: int, doc_index: int) -> np.random.Generator:
     return np.random.default_rng([seed, epoch, doc_index])
 
 
-def num_selected(num_sentences: int, spec: MaskingSpec) -> int:
+def num_selected(num_sentences: int, spec: ObjectiveConfig) -> int:
     k = max(spec.min_selected, int(spec.select_ratio * num_sentences + 0.5))
     if spec.max_selected is not None:
         k = min(k, spec.max_selected)
     return max(0, min(k, num_sentences))
 
 
-def mask_document(sentences: list[np.ndarray], spec: MaskingSpec, seed: int, epoch: int, doc_index: int,
+def mask_document(sentences: list[np.ndarray], spec: ObjectiveConfig, seed: int, epoch: int, doc_index: int,
                   random_sentence: Callable[[np.random.Generator], np.ndarray]) -> MaskedDocument:
     """Apply the transformation to one document (chunk). `random_sentence(rng)` draws a sentence from
     another document; it is only called for RANDOM actions and must itself be deterministic in rng."""

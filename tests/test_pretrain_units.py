@@ -10,7 +10,8 @@ import torch
 from hibert.tokens import MASK_ID
 from pretrain.batching import doc_costs, plan_epoch
 from pretrain.checkpoint import MARKER, verify
-from pretrain.objective import KEEP, MASK, RANDOM, MaskingSpec, mask_document, num_selected, other_document_sentence
+from hibert.config.training import ObjectiveConfig
+from pretrain.objective import KEEP, MASK, RANDOM, mask_document, num_selected, other_document_sentence
 from pretrain.rng_state import load_rng_state, save_rng_state
 from pretrain.schedule import lr_multiplier
 
@@ -23,16 +24,16 @@ def _docs(n_docs=50, seed=0):
 
 @pytest.mark.parametrize("n,expected", [(1, 1), (3, 1), (6, 1), (7, 1), (10, 2), (20, 3), (30, 5)])
 def test_num_selected_is_15_percent_at_least_one(n, expected):
-    assert num_selected(n, MaskingSpec()) == expected
+    assert num_selected(n, ObjectiveConfig()) == expected
 
 
 def test_num_selected_cap():
-    assert num_selected(30, MaskingSpec(max_selected=2)) == 2
+    assert num_selected(30, ObjectiveConfig(max_selected=2)) == 2
 
 
 def test_masking_is_pure_function_of_seed_epoch_doc():
     docs = _docs()
-    spec = MaskingSpec()
+    spec = ObjectiveConfig()
     a = mask_document(docs[7], spec, 1, 2, 7, other_document_sentence(docs, 7))
     b = mask_document(docs[7], spec, 1, 2, 7, other_document_sentence(docs, 7))
     assert a.positions == b.positions and a.actions == b.actions
@@ -44,7 +45,7 @@ def test_masking_is_pure_function_of_seed_epoch_doc():
 
 def test_masking_actions_follow_80_10_10_and_keep_lengths():
     docs = _docs(400, seed=1)
-    spec = MaskingSpec()
+    spec = ObjectiveConfig()
     counts = {MASK: 0, KEEP: 0, RANDOM: 0}
     for i, doc in enumerate(docs):
         m = mask_document(doc, spec, 0, 0, i, other_document_sentence(docs, i))
