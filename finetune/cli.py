@@ -101,10 +101,9 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
 def _log_to_mlflow(cfg: Config, uri: str, out: Path, result: dict, meta: dict) -> None:
     import mlflow
 
-    from hibert.registry import activate
+    from hibert.registry import ensure_experiment
 
-    activate(uri)
-    mlflow.set_experiment(cfg.tracking.experiment)
+    ensure_experiment(uri, cfg.tracking.experiment)
     with mlflow.start_run(run_name=f"{cfg.run.name}-evaluate-{meta['split']}"):
         mlflow.set_tags({"stage": "evaluate", "dataset_manifest": meta["dataset_manifest"],
                          "model": meta["model"], "encoder_init": str(meta["encoder_init"])})

@@ -40,6 +40,28 @@ def activate(uri: str) -> None:
     mlflow.set_registry_uri(uri)
 
 
+def artifact_location(uri: str) -> str | None:
+    """Artifacts of a local sqlite store live next to it (<dir>/mlartifacts), not in the working
+    directory's ./mlruns (MLflow's default); a tracking server decides for itself (None)."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///"):]).resolve().parent / "mlartifacts").as_uri()
+    return None
+
+
+def ensure_experiment(uri: str, name: str) -> None:
+    """Make `name` the active experiment of the fluent API, creating it with our artifact location."""
+    import mlflow
+
+    activate(uri)
+    if mlflow.get_experiment_by_name(name) is None:
+        try:
+            mlflow.create_experiment(name, artifact_location=artifact_location(uri))
+        except Exception:  # created meanwhile by another process
+            if mlflow.get_experiment_by_name(name) is None:
+                raise
+    mlflow.set_experiment(name)
+
+
 def register_artifact_dir(uri: str, run_id: str, artifact_path: str, name: str, alias: str | None,
                           tags: dict[str, str] | None = None) -> str:
     """Register `runs:/<run_id>/<artifact_path>` as a new version of `name`; point `alias` at it."""

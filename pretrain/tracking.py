@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hibert.config import Config, config_to_dict
-from hibert.registry import activate, tracking_uri
+from hibert.registry import ensure_experiment, tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,7 @@ class Tracker:
             return None
         import mlflow
 
-        activate(self.uri)
-        mlflow.set_experiment(self.cfg.tracking.experiment)
+        ensure_experiment(self.uri, self.cfg.tracking.experiment)
         run = mlflow.start_run(run_id=run_id, run_name=None if run_id else self.cfg.run.name)
         self.run_id = run.info.run_id
         if run_id is None:

@@ -58,3 +58,21 @@ def test_registry_list_on_empty_store(tmp_path, capsys):
 def test_overrides_may_follow_options(capsys):
     assert main(["pretrain", "--stage", "open-domain", "model.hidden=256", "--print-config"]) == 0
     assert "hidden: 256" in capsys.readouterr().out
+
+
+def test_local_store_keeps_artifacts_next_to_the_database(tmp_path, monkeypatch):
+    import mlflow
+
+    from hibert.registry import ensure_experiment
+
+    monkeypatch.chdir(tmp_path)
+    for var in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):  # MLflow exports these: undo at teardown
+        monkeypatch.setenv(var, "unset")
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    (tmp_path / "store").mkdir()
+    ensure_experiment(uri, "exp")
+    with mlflow.start_run():
+        mlflow.log_text("hi", "a.txt")
+    assert list((tmp_path / "store" / "mlartifacts").rglob("a.txt"))
+    assert not (tmp_path / "mlruns").exists()
+    mlflow.set_tracking_uri("")  # leave MLflow's in-process default as it was

@@ -43,7 +43,7 @@ class SegmenterConfig(Section):
     use_gpu: bool = False                  # neural only
     batch_size: int = 256                  # documents per segmentation batch
     # spacy kind: run the spaCy Language object stanza's variant builds instead of wrapping every token into
-    # stanza Document objects (identical sentences and tokens, ~3x faster; the tests check the identity).
+    # stanza Document objects (identical sentences and tokens, ~5x faster; the tests check the identity).
     fast: bool = True
 
 
