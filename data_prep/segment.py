@@ -9,7 +9,7 @@ manifest, and a missing model is an error):
   With `fast` (default) the paragraphs go through the spaCy Language object that stanza's variant builds,
   batched with `nlp.pipe`, instead of being wrapped token by token into stanza Documents: the same
   sentences and tokens (tests/test_data_prep_segment.py checks it against the full stanza pipeline) at
-  about three times the speed.
+  about five times the speed.
 Paragraphs are segmented separately, so no sentence crosses a paragraph break. Sentence text is returned
 with whitespace collapsed (one readable line); the word count is the number of tokens.
 """
