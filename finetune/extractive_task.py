@@ -85,8 +85,9 @@ class ExtractiveTask(Task):
         logits = engine(b.docs)
         loss = engine.module.loss(logits, b.labels)
         n = b.labels.numel()
-        pred = (sentence_scores(logits) > 0.5).long()
-        item.extra["scores"] = sentence_scores(logits).detach()
+        scores = sentence_scores(logits).detach()
+        pred = (scores > 0.5).long()
+        item.extra["scores"] = scores
         return loss, {"loss_sum": loss.detach().double() * n,
                       "num_sentences": torch.tensor(float(n), dtype=torch.float64),
                       "correct": (pred == b.labels).sum().double()}
