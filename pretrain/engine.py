@@ -9,7 +9,6 @@ its checkpoints.
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,12 +31,6 @@ class Runtime:
         return self.rank == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def resolve_precision(requested: str) -> str:
     if requested != "auto":
         return requested
@@ -47,10 +40,11 @@ def resolve_precision(requested: str) -> str:
 def init_distributed(cfg: Config) -> Runtime:
     """Map the launcher's environment (torchrun, deepspeed, srun, or none) to ranks and init the group."""
     from pretrain.dist_env import detect_dist_env
+    from pretrain.launch import free_port
 
     env = detect_dist_env()
     if env.world_size == 1 and "MASTER_PORT" not in os.environ and env.launcher == "single":
-        os.environ["MASTER_PORT"] = str(_free_port())
+        os.environ["MASTER_PORT"] = str(free_port())
     env.export()
     cuda = torch.cuda.is_available()
     if not cuda:

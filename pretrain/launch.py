@@ -15,14 +15,14 @@ import time
 from pretrain.dist_env import REQUEUE_EXIT_CODE
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def launch_local(nproc: int, argv: list[str]) -> int:
-    port = str(_free_port())
+    port = str(free_port())
     procs: list[subprocess.Popen] = []
     for rank in range(nproc):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
