@@ -50,7 +50,7 @@ class ExtractiveTask(Task):
         return "hibert-extractive"
 
     def registry_alias(self, cfg: Config) -> str | None:
-        return "finetuned"  # MLflow reserves "latest"
+        return cfg.tracking.alias or "finetuned"  # MLflow reserves "latest"
 
     def build_model(self) -> torch.nn.Module:
         from modeling import HibertExtractive

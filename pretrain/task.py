@@ -54,6 +54,8 @@ class Task(ABC):
         return cfg.tracking.registered_model
 
     def registry_alias(self, cfg) -> str | None:
+        if cfg.tracking.alias:
+            return cfg.tracking.alias
         return cfg.run.stage if cfg.run.stage != "none" else None
 
     def write_export_extras(self, out_dir, full_state: dict[str, torch.Tensor]) -> None:

@@ -20,7 +20,15 @@ class TrackingConfig(Section):
     experiment: str = "hibert"
     registered_model: str = "hibert-encoder"
     register_model: bool = True
+    alias: str | None = Field(None, pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")  # None: the stage (pretrain), "finetuned"
     peak_tflops: float | None = None       # per device; None -> guessed from the device name (MFU)
+
+    @field_validator("alias")
+    @classmethod
+    def _alias_allowed(cls, alias: str | None) -> str | None:
+        if alias is not None and (alias.lower() == "latest" or re.fullmatch(r"[vV]\d+", alias)):
+            raise ValueError(f"{alias!r} is reserved by MLflow (latest, v<N>); choose another alias")
+        return alias
 
 
 class SlurmResources(Section):
