@@ -105,9 +105,9 @@ def _f(overlap: np.ndarray, pred: np.ndarray, ref: np.ndarray) -> np.ndarray:
     p = overlap / np.maximum(pred, 1)
     r = overlap / np.maximum(ref, 1)
     s = p + r
-    with np.errstate(invalid="ignore", divide="ignore"):
-        f = 2 * p * r / s
-    f[s <= 0] = 0.0
+    zero = s <= 0                           # p, r >= 0: only both-zero sums, set to 1 to divide safely
+    f = 2 * p * r / np.where(zero, 1.0, s)
+    f[zero] = 0.0
     return f
 
 
@@ -189,10 +189,10 @@ class OracleProblem:
             p = np.where(k > 0, chosen[np.maximum(k - 1, 0)], self.n)
             q = np.where(k < len(chosen), chosen[np.minimum(k, len(chosen) - 1)], self.n)
             rows = np.arange(len(cand))
-            cols = np.concatenate([self.boundary[p, q], self.boundary[p, cand], self.boundary[cand, q]])
-            signs = np.repeat(np.array([-1, 1, 1], dtype=np.int64), len(cand))
-            ok = cols >= 0
-            np.add.at(x2, (np.tile(rows, 3)[ok], cols[ok]), signs[ok])
+            # one column per row in each term, so plain fancy-index updates (no np.add.at) are exact
+            for cols, sign in ((self.boundary[p, q], -1), (self.boundary[p, cand], 1), (self.boundary[cand, q], 1)):
+                ok = cols >= 0
+                x2[rows[ok], cols[ok]] += sign
         overlap = np.empty((2, len(cand)), dtype=np.int64)
         overlap[0] = o1
         np.minimum(x2, self.r2).sum(axis=1, out=overlap[1])
@@ -241,7 +241,7 @@ class OracleProblem:
 def oracle_labels(sentences: list[str], summary: list[str], max_sentences: int = 3, method: str = "greedy",
                   beam_size: int = 5, tokenizer: RougeTokenizer | None = None) -> np.ndarray:
     """0/1 per sentence: the oracle's extractive summary of `sentences` for reference `summary`."""
-    tok = tokenizer or shared_tokenizer()
+    tok = tokenizer if tokenizer is not None else shared_tokenizer()
     flat, lens = tok.ids_flat([*sentences, *summary])
     n_doc = sum(lens[:len(sentences)])
     ids = np.array(flat, dtype=np.int64)

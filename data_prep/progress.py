@@ -19,12 +19,15 @@ class ProgressBar:
 
     def update(self, docs: int, words: int) -> None:
         now = time.time()
-        if self.t0 is None:
+        if self.t0 is None:  # the first batch was done before the clock started: the rate counts what follows
             self.t0 = now
             self.bar.reset()
+            self.bar.update(docs)
+            return
         self.words += words
         self.bar.update(docs)
-        self.bar.set_postfix_str(f"{self.words / max(now - self.t0, 1e-9):,.0f} words/s", refresh=False)
+        if now - self.t0 >= 0.1:
+            self.bar.set_postfix_str(f"{self.words / (now - self.t0):,.0f} words/s", refresh=False)
 
     def close(self) -> None:
         self.bar.close()

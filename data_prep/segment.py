@@ -15,6 +15,7 @@ with whitespace collapsed (one readable line); the word count is the number of t
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -166,5 +167,7 @@ def segmenter_info(cfg: SegmenterConfig) -> dict[str, Any]:
     if cfg.kind == "spacy":
         info.update(variant="spacy", spacy_version=md.version("spacy"), fast_path=cfg.fast, offline=True)
     else:
-        info.update(variant="neural", model_dir=cfg.stanza_dir, use_gpu=cfg.use_gpu)
+        models = neural_models(cfg)
+        info.update(variant="neural", model_dir=cfg.stanza_dir, use_gpu=cfg.use_gpu, models=[m.name for m in models],
+                    model_sha256={m.name: hashlib.sha256(m.read_bytes()).hexdigest() for m in models})
     return info

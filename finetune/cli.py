@@ -82,7 +82,8 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
     scores = chunk_to_doc_scores(test, score_split(model, test, device))
     result = evaluate_systems(docs, scores, k, tb, n_resamples=args.bootstrap)
     manifest = Path(cfg.data.dataset_dir) / "manifest.json"
-    report_meta = {"model": ref, "encoder_init": meta.get("init"), "split": args.split, "k": k,
+    report_meta = {"model": ref, "encoder_init": meta.get("init"), "dataset": str(cfg.data.dataset_dir),
+                   "split": args.split, "k": k,
                    "trigram_blocking": tb, "dataset_manifest": file_hash(manifest) if manifest.is_file() else "none",
                    "finetune_run": meta.get("mlflow_run_id")}
     out = Path(args.out) if args.out else cfg.run_dir / f"report-{args.split}"

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from finetune.rouge_eval import Rouge, summarize_scores
+from finetune.rouge_eval import Rouge, format_p, paired_bootstrap, summarize_scores
 from finetune.selection import lead, oracle_from_labels, select
 
 HEADLINE = ("rouge1_f", "rouge2_f", "rougeL_f", "rougeLsum_f")
@@ -88,9 +88,15 @@ def evaluate_systems(docs: list[Document], scores: dict[str, np.ndarray] | None,
     if all(d.labels is not None for d in docs):
         systems["oracle"] = [[d.sentences[j] for j in oracle_from_labels(d.labels)] for d in docs]
     refs = [d.references for d in docs]
-    results = {name: summarize_scores(rouge.score_corpus(s, refs), n_resamples, seed) for name, s in systems.items()}
-    return {"num_documents": len(docs), "systems": results, "summaries": systems,
-            "multi_reference": any(len(r) > 1 for r in refs)}
+    per_doc = {name: rouge.score_corpus(s, refs) for name, s in systems.items()}
+    results = {name: summarize_scores(v, n_resamples, seed) for name, v in per_doc.items()}
+    # the model against each baseline on the same documents (F1 of the headline metrics)
+    paired = {f"model-{base}": {m: paired_bootstrap(per_doc["model"][m], per_doc[base][m], n_resamples, seed)
+                                for m in HEADLINE}
+              for base in ("lead3", "oracle") if "model" in per_doc and base in per_doc}
+    return {"num_documents": len(docs), "systems": results, "summaries": systems, "paired": paired,
+            "per_document": {name: {m: v[m].round(4).tolist() for m in HEADLINE} for name, v in per_doc.items()},
+            "doc_ids": [d.doc_id for d in docs], "multi_reference": any(len(r) > 1 for r in refs)}
 
 
 def write_report(out_dir: Path, result: dict[str, Any], docs: list[Document], meta: dict[str, Any]) -> dict[str, Path]:
@@ -103,6 +109,8 @@ def write_report(out_dir: Path, result: dict[str, Any], docs: list[Document], me
     out_dir.mkdir(parents=True, exist_ok=True)
     systems = result["systems"]
     payload = {"meta": meta, "num_documents": result["num_documents"], "scores": systems,
+               "paired": result.get("paired", {}),
+               "per_document": {"doc_ids": result.get("doc_ids", []), **result.get("per_document", {})},
                "rouge_implementation": "rouge-score (Porter stemmer on; ROUGE-Lsum on newline-split sentences); "
                                        "not the Perl ROUGE-1.5.5",
                "multi_reference": "max over references per document" if result["multi_reference"] else "single"}
@@ -117,6 +125,14 @@ def write_report(out_dir: Path, result: dict[str, Any], docs: list[Document], me
     for name, sc in systems.items():
         cells = [f"{sc[m]['mean']:.2f} [{sc[m]['low']:.2f}, {sc[m]['high']:.2f}]" for m in HEADLINE]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if result.get("paired"):
+        lines += ["", "Paired bootstrap over the same documents (difference of F1, 95% CI, two-sided p):", "",
+                  "| pair | " + " | ".join(m.replace("_f", "") for m in HEADLINE) + " |",
+                  "|---|" + "---|" * len(HEADLINE)]
+        for pair, by_metric in result["paired"].items():
+            cells = [f"{by_metric[m]['diff']:+.2f} [{by_metric[m]['low']:+.2f}, {by_metric[m]['high']:+.2f}] "
+                     + format_p(by_metric[m]["p_value"], by_metric[m]["resamples"]) for m in HEADLINE]
+            lines.append(f"| {pair} | " + " | ".join(cells) + " |")
     lines += ["", "## Examples", ""]
     for i in range(min(3, len(docs))):
         lines += [f"### {docs[i].doc_id}", ""]

@@ -106,20 +106,49 @@ def plot_losses(cfg: Config, out: Path) -> Path | None:
 
 
 def print_results(reports: list[dict], names: list[str]) -> None:
-    """One table: every finetuned model, then Lead-3 and the oracle (the same documents in every report)."""
-    rows: list[tuple[str, dict]] = []
+    """One table per dataset: every finetuned model on it, then Lead-3 and the oracle (the same documents
+    in every report of a dataset)."""
+    groups: dict[str, list[tuple[str, dict]]] = {}
     for name, rep in zip(names, reports):
-        init = rep["meta"].get("encoder_init") or "random init"
-        rows.append((f"{name} ({init.replace('models:/', '')})", rep["scores"]["model"]))
-    for system in ("lead3", "oracle"):
-        if system in reports[0]["scores"]:
-            rows.append((system, reports[0]["scores"][system]))
-    print(f"\n== ROUGE F1 on {reports[0]['num_documents']} held-out test documents (rouge-score, 95% CI) ==")
-    width = max(len(r[0]) for r in rows)
-    for label, sc in rows:
-        cells = "  ".join(f"{m.replace('_f', '')} {sc[m]['mean']:5.2f} [{sc[m]['low']:5.2f},{sc[m]['high']:5.2f}]"
-                          for m in ("rouge1_f", "rouge2_f", "rougeL_f"))
-        print(f"  {label:<{width}}  {cells}")
+        groups.setdefault(rep["meta"].get("dataset_manifest", "?"), []).append((name, rep))
+    for members in groups.values():
+        first = members[0][1]
+        rows: list[tuple[str, dict]] = []
+        for name, rep in members:
+            init = rep["meta"].get("encoder_init") or "random init"
+            rows.append((f"{name} ({init.replace('models:/', '')})", rep["scores"]["model"]))
+        for system in ("lead3", "oracle"):
+            if system in first["scores"]:
+                rows.append((system, first["scores"][system]))
+        where = first["meta"].get("dataset") or f"dataset {first['meta'].get('dataset_manifest', '?')}"
+        print(f"\n== ROUGE F1 on {first['num_documents']} held-out {first['meta'].get('split', 'test')} documents "
+              f"of {where} (rouge-score, 95% CI) ==")
+        width = max(len(r[0]) for r in rows)
+        for label, sc in rows:
+            cells = "  ".join(f"{m.replace('_f', '')} {sc[m]['mean']:5.2f} [{sc[m]['low']:5.2f},{sc[m]['high']:5.2f}]"
+                              for m in ("rouge1_f", "rouge2_f", "rougeL_f"))
+            print(f"  {label:<{width}}  {cells}")
+        print_paired(members)
+
+
+def print_paired(members: list[tuple[str, dict]]) -> None:
+    """Each encoder-initialized model against the random-init one, paired over the same documents."""
+    from finetune.rouge_eval import format_p, paired_bootstrap
+
+    base = next(((n, r) for n, r in members if not r["meta"].get("encoder_init")), None)
+    if base is None or "per_document" not in base[1]:
+        return
+    base_docs = base[1]["per_document"]
+    for name, rep in members:
+        docs = rep.get("per_document")
+        if rep is base[1] or not docs or docs.get("doc_ids") != base_docs.get("doc_ids"):
+            continue
+        cells = []
+        for m in ("rouge1_f", "rouge2_f", "rougeL_f"):
+            d = paired_bootstrap(docs["model"][m], base_docs["model"][m])
+            cells.append(f"{m.replace('_f', '')} {d['diff']:+5.2f} [{d['low']:+5.2f},{d['high']:+5.2f}] "
+                         + format_p(d["p_value"], d["resamples"]))
+        print(f"  {name} - {base[0]} (paired bootstrap):  " + "  ".join(cells))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -203,6 +203,8 @@ class Trainer:
                     if s.eval_every and step % s.eval_every == 0:
                         last_eval = self.evaluate()
                         self.tracker.metrics(last_eval, step)
+                        if rt.is_main and last_eval:
+                            log.info("step %d %s", step, " ".join(f"{k}={v:.4g}" for k, v in sorted(last_eval.items())))
                         if self._early_stop(last_eval):
                             status = "early_stopped"
                         self._keep_if_best(last_eval, step)

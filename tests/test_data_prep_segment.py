@@ -79,3 +79,38 @@ def test_sentencepiece_special_ids(tmp_path, fast, repo):
                                    vocab_size=500, hard_vocab_limit=False, minloglevel=2)
     with pytest.raises(ValueError, match="special ids"):
         tok.load(tmp_path / "foreign.model")
+
+
+@pytest.fixture(scope="module")
+def tiny_stanza(tmp_path_factory):
+    from stanza_tiny import build
+
+    return build(tmp_path_factory.mktemp("stanza"))
+
+
+def test_neural_segmenter_runs_a_real_stanza_model(tiny_stanza):
+    seg = make_segmenter(SegmenterConfig(kind="neural", stanza_dir=str(tiny_stanza)))
+    out = seg.segment([["The council approved the budget. It includes money for schools."],
+                       ["Shares rose 3% on Monday.", "Analysts expect more gains."]])
+    assert [len(doc) for doc in out] == [2, 2]   # the sentence ends it was trained on
+    assert out[0][0][0] == "The council approved the budget." and out[1][1][0] == "Analysts expect more gains."
+    assert all(n >= 1 for doc in out for _, n in doc)
+    assert seg.info["kind"] == "neural" and seg.info["models"] == ["tiny.pt"]
+
+
+def test_prep_with_stanza_dir_uses_the_neural_model_and_says_so(tiny_stanza, tmp_path, repo, monkeypatch):
+    from hibert.cli import main
+
+    monkeypatch.chdir(repo)
+    src = repo / "tests" / "fixtures" / "data_prep" / "jsonl" / "articles.jsonl"
+    out = tmp_path / "neural"
+    code = main(["prep", "data=sample_open", f"data.output={out}", "--stanza-dir", str(tiny_stanza), "--workers", "1",
+                 f"data.sources=[{{format: jsonl, path: {src}, name: art, text_field: body, id_field: doc_id}}]",
+                 "data.tokenizer.vocab_size=60", "data.valid_fraction=0", "data.test_fraction=0"])
+    assert code == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    seg = manifest["segmenter"]
+    assert seg["kind"] == "neural" and seg["models"] == ["tiny.pt"] and seg["model_dir"] == str(tiny_stanza)
+    c = manifest["counts"]
+    n_docs = len(src.read_text().splitlines())
+    assert c["docs_in"] == n_docs == c["kept"] + sum(c["skipped"].values()) and c["sentences"] >= c["kept"]

@@ -47,6 +47,15 @@ def test_evaluate_reports_model_next_to_lead3_and_oracle(finetuned):
         r1 = system["rouge1_f"]
         assert r1["low"] <= r1["mean"] <= r1["high"]
     assert report["scores"]["oracle"]["rouge1_f"]["mean"] > report["scores"]["lead3"]["rouge1_f"]["mean"]
+    # per-document scores (for paired comparisons later) and the paired model-vs-baseline differences
+    per_doc = report["per_document"]
+    assert len(per_doc["doc_ids"]) == report["num_documents"] == len(per_doc["model"]["rouge1_f"])
+    assert np.mean(per_doc["lead3"]["rouge1_f"]) == pytest.approx(report["scores"]["lead3"]["rouge1_f"]["mean"],
+                                                                  abs=1e-3)
+    pair = report["paired"]["model-lead3"]["rouge1_f"]
+    assert pair["low"] <= pair["diff"] <= pair["high"]
+    assert pair["diff"] == pytest.approx(report["scores"]["model"]["rouge1_f"]["mean"]
+                                         - report["scores"]["lead3"]["rouge1_f"]["mean"], abs=1e-6)
     assert (root / "ft" / "report-test" / "rouge.png").stat().st_size > 10_000
     md = (root / "ft" / "report-test" / "report.md").read_text()
     assert "| lead3 |" in md and "**reference:**" in md and "rouge-score" in md

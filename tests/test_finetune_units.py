@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from rouge_score import rouge_scorer
 
-from finetune.rouge_eval import Rouge, bootstrap_ci, summarize_scores
+from finetune.rouge_eval import Rouge, bootstrap_ci, paired_bootstrap, summarize_scores
 from finetune.selection import lead, oracle_from_labels, select
 
 
@@ -57,3 +57,26 @@ def test_bootstrap_ci_contains_mean_and_narrows():
     assert np.diff(bootstrap_ci(large)) < np.diff(bootstrap_ci(small)) / 3
     s = summarize_scores({"rouge1_f": small})
     assert s["rouge1_f"]["low"] <= s["rouge1_f"]["mean"] <= s["rouge1_f"]["high"]
+
+
+def test_paired_bootstrap_hand_cases():
+    b = np.array([30.0, 50.0, 10.0, 70.0])
+    same = paired_bootstrap(b, b)
+    assert (same["diff"], same["low"], same["high"], same["p_value"]) == (0.0, 0.0, 0.0, 1.0)
+    shifted = paired_bootstrap(b + 2.0, b)   # the same +2 on every document: no doubt at all
+    assert shifted["diff"] == pytest.approx(2.0) and shifted["low"] == pytest.approx(2.0)
+    assert shifted["p_value"] == 0.0
+    with pytest.raises(ValueError, match="same documents"):
+        paired_bootstrap(b, b[:3])
+
+
+def test_paired_bootstrap_sees_what_overlapping_cis_hide():
+    # documents differ a lot (wide per-system CIs that overlap), the systems by a small consistent margin
+    rng = np.random.default_rng(1)
+    base = rng.normal(40, 15, 60)
+    better = base + rng.normal(1.0, 0.5, 60)
+    lo_a, hi_a = bootstrap_ci(better)
+    lo_b, hi_b = bootstrap_ci(base)
+    assert lo_a < hi_b                       # unpaired: the intervals overlap
+    r = paired_bootstrap(better, base)
+    assert 0 < r["low"] <= r["diff"] <= r["high"] and r["p_value"] < 0.01
