@@ -6,6 +6,11 @@ optimizer state. GPU: HIBERT_M bf16 ZeRO-1/2: tokens/s, MFU, data-wait fraction.
     python benchmarks/bench_pretrain.py                     # CPU matrix (spawns the ranks itself)
     python benchmarks/bench_pretrain.py --device cuda --size hibert_m --stages 1 2 --ranks 1
 Each configuration runs in fresh processes; results -> benchmarks/results/bench_pretrain_<device>.json
+
+Reading the memory column (bytes per storage, P parameters, fp32): ZeRO-0 is plain torch AdamW, 3P·4 bytes
+(weights, m, v). DeepSpeed's ZeRO optimizers (stages 1-3) also keep an fp32 master copy, 4P·4 on one rank;
+with N ranks stage 1/2 hold P + 3P/N, stage 3 holds 4P/N — half of its 1-rank footprint at N = 2, and
+2/3 of ZeRO-0's. With bf16 weights the master copy is needed anyway and stage 3 at N = 2 halves it all.
 """
 from __future__ import annotations
 
