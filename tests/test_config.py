@@ -106,3 +106,19 @@ def test_interpolation_of_dotted_keys(tmp_path):
     assert load_config(None, ["data.output=${run.name}-data"]).data.output == "hibert-data"  # schema default
     with pytest.raises(ConfigError, match="no such key"):
         load_config(None, ["data.output=${run.nope}"])
+
+
+def test_registry_alias_defaults_to_the_stage_and_can_be_named():
+    from finetune.extractive_task import ExtractiveTask
+    from pretrain.task import Task
+
+    stage = load_config(None, ["run.stage=in-domain"])
+    assert Task.registry_alias(None, stage) == "in-domain"
+    assert Task.registry_alias(None, load_config(None, ["run.stage=none"])) is None
+    named = load_config(None, ["run.stage=in-domain", "tracking.alias=in-domain-only"])
+    assert Task.registry_alias(None, named) == "in-domain-only"
+    assert ExtractiveTask.registry_alias(None, stage) == "finetuned"
+    assert ExtractiveTask.registry_alias(None, named) == "in-domain-only"
+    for reserved in ("latest", "v3", "bad alias"):
+        with pytest.raises(ConfigError, match="tracking.alias"):
+            load_config(None, [f"tracking.alias={reserved}"])
