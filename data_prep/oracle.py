@@ -7,8 +7,9 @@ reference is the summary sentences joined by spaces. Counts are multisets (true 
 sets of PreSumm's approximation, and bigrams across adjacent selected sentences count as they do when
 rouge-score reads the joined text.
 
-Speed comes from tokenizing and stemming each sentence once (memoized stems), keeping per-sentence n-gram
-counts over the reference's n-grams only, and scoring all candidates of a step at once with numpy; the
+Speed comes from tokenizing and stemming each word once (memoized stems; data_prep/porter.py is an exact,
+faster twin of nltk's stemmer), keeping per-sentence n-gram counts over the reference's n-grams only, and
+scoring all candidates of a step at once with numpy; the
 floating-point formula is rouge-score's, evaluated in the same order, so scores are bit-identical and the
 greedy choice (first best, strictly improving) is the one `oracle_reference.greedy_rouge_score` makes.
 """
@@ -24,10 +25,11 @@ _VALID = re.compile(r"^[a-z0-9]+$")
 
 
 # rouge-score lower-cases, then replaces every run of characters outside [a-z0-9] by a space. After
-# lower-casing, ASCII-encoding with "?" for anything else and mapping every byte outside [a-z0-9] (and the
-# text separator \n) to a space does the same at C speed.
-_KEEP = set(b"abcdefghijklmnopqrstuvwxyz0123456789\n")
-_CLEAN = bytes(c if c in _KEEP else 32 for c in range(256))
+# lower-casing, ASCII-encoding with "?" for anything else and mapping every byte outside [a-z0-9] to a space
+# does the same at C speed. The text separator \n becomes the token "|", which no text can produce.
+_KEEP = set(b"abcdefghijklmnopqrstuvwxyz0123456789")
+_CLEAN = bytes(c if c in _KEEP else 124 if c == 10 else 32 for c in range(256))
+_SEP = b"|"
 
 
 class RougeTokenizer:
@@ -36,54 +38,53 @@ class RougeTokenizer:
     max_cache = 2_000_000
 
     def __init__(self) -> None:
-        from nltk.stem import porter
+        from data_prep.porter import make_stemmer
 
-        self._stem = porter.PorterStemmer().stem  # what rouge_score.tokenizers.DefaultTokenizer uses
-        self._ids: dict[bytes, int] = {}    # raw lower-case token -> id of its stem (-1: dropped)
+        self._stem = make_stemmer()  # nltk's PorterStemmer().stem (what rouge-score uses), or its exact fast twin
+        self._ids: dict[bytes, int] = {_SEP: -2}  # raw lower-case token -> id of its stem (-1: dropped)
         self._stem_ids: dict[str, int] = {}
         self._dropped = False               # some token stems to nothing valid
 
-    def _add(self, raw: bytes) -> int:
+    def _add(self, raw: bytes) -> None:
         word = raw.decode("ascii")
         stem = self._stem(word) if len(word) > 3 else word
         i = self._stem_ids.setdefault(stem, len(self._stem_ids)) if _VALID.match(stem) else -1
         self._dropped |= i < 0
         self._ids[raw] = i
-        return i
 
-    def ids(self, text: str) -> list[int]:
-        flat, _ = self.ids_flat([text])
-        return flat
+    def ids(self, text: str) -> np.ndarray:
+        return self.ids_flat([text])[0]
 
-    def ids_flat(self, texts: list[str]) -> tuple[list[int], list[int]]:
+    def ids_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Token ids of all texts concatenated, and each text's token count. The texts are cleaned in one
-        pass, newline-joined (rouge-score splits at a newline anyway; a text holding one is
+        pass, joined by a separator token (rouge-score splits at a newline anyway; a text holding one is
         whitespace-normalized first so it stays one text)."""
         if not texts:
-            return [], []
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
         if len(self._ids) > self.max_cache:  # bound memory on huge corpora; ids only matter within one call
-            self._ids.clear()
+            self._ids = {_SEP: -2}
             self._stem_ids.clear()
         joined = "\n".join(texts)
         if joined.count("\n") != len(texts) - 1:
             joined = "\n".join(" ".join(t.split()) for t in texts)
-        clean = joined.lower().encode("ascii", "replace").translate(_CLEAN)
-        lines = [line.split() for line in clean.split(b"\n")]
-        words = list(itertools.chain.from_iterable(lines))
-        try:
+        words = joined.lower().encode("ascii", "replace").translate(_CLEAN).replace(_SEP, b" | ").split()
+        ids = list(map(self._ids.get, words))
+        if None in ids:     # new words: stem each once
+            for w in {w for w, i in zip(words, ids) if i is None}:
+                self._add(w)
             ids = list(map(self._ids.__getitem__, words))
-        except KeyError:
-            ids = [self._ids.get(w) for w in words]
-            ids = [self._add(w) if i is None else i for w, i in zip(words, ids)]
-        lens = list(map(len, lines))
-        if self._dropped:  # a stem outside [a-z0-9]+ is dropped, as rouge-score does (never seen in practice)
-            keep, k = [], 0
-            for j, n in enumerate(lens):
-                part = [i for i in ids[k:k + n] if i >= 0]
-                keep += part
-                k, lens[j] = k + n, len(part)
-            ids = keep
-        return ids, lens
+        arr = np.array(ids, dtype=np.int64)
+        sep = np.flatnonzero(arr == -2)
+        ends = np.append(sep, len(arr))
+        lens = ends - np.concatenate(([0], sep + 1))
+        arr = np.delete(arr, sep)
+        if self._dropped and (arr == -1).any():
+            # a stem outside [a-z0-9]+ is dropped, as rouge-score does (never seen in practice)
+            sid = np.repeat(np.arange(len(lens)), lens)
+            keep = arr >= 0
+            lens = np.bincount(sid[keep], minlength=len(lens))
+            arr = arr[keep]
+        return arr, lens
 
     def __len__(self) -> int:
         return len(self._stem_ids)
@@ -105,74 +106,75 @@ def _f(overlap: np.ndarray, pred: np.ndarray, ref: np.ndarray) -> np.ndarray:
     p = overlap / np.maximum(pred, 1)
     r = overlap / np.maximum(ref, 1)
     s = p + r
-    zero = s <= 0                           # p, r >= 0: only both-zero sums, set to 1 to divide safely
-    f = 2 * p * r / np.where(zero, 1.0, s)
-    f[zero] = 0.0
-    return f
+    return 2 * p * r / np.where(s > 0, s, 1.0)   # p, r >= 0, so s = 0 means p = r = 0 and f = 0 / 1 = 0
 
 
 @dataclass
 class _State:
     chosen: tuple[int, ...]       # sorted sentence indices
-    c1: np.ndarray                # counts of the reference's unigrams in the candidate text
-    c2: np.ndarray                # same for bigrams
+    counts: np.ndarray            # the candidate text's count of each column (see OracleProblem)
     length: int                   # candidate tokens
     score: float
 
 
-def _lookup(table: np.ndarray, codes: np.ndarray) -> np.ndarray:
-    """Position of each code in the sorted `table`, -1 when absent."""
-    if not len(table):
-        return np.full(codes.shape, -1, dtype=np.int64)
-    pos = np.minimum(np.searchsorted(table, codes), len(table) - 1)
-    return np.where(table[pos] == codes, pos, -1)
-
-
 class OracleProblem:
-    """One document against one reference, ready to score sentence sets fast."""
+    """One document against one reference, ready to score sentence sets fast.
 
-    def __init__(self, flat: np.ndarray, lens: np.ndarray, reference: np.ndarray, vocab: int):
+    Columns: 0 for tokens outside the reference, 1..U for the reference's distinct unigrams, then its B
+    distinct bigrams, then one trash column that absorbs every bigram outside the reference (so updates need
+    no masks); columns 0 and trash have reference count 0 and are left out of the overlap. `counts[i, k]` is how
+    often sentence i holds column k's n-gram; a candidate text's overlap is min(its counts, reference counts)
+    summed over the unigram and the bigram columns."""
+
+    def __init__(self, flat: np.ndarray, lens: np.ndarray, reference: np.ndarray):
         """flat: the document's token ids, sentence after sentence; lens: tokens per sentence;
-        reference: the summary's token ids; vocab: an upper bound of the ids."""
+        reference: the summary's token ids."""
         self.n = n = len(lens)
         self.lens = lens = np.asarray(lens, dtype=np.int64)
-        self.ref1 = len(reference)
-        self.ref2 = max(len(reference) - 1, 0)
-        self._ref = np.array([self.ref1, self.ref2], dtype=np.int64)
-        v = np.int64(vocab + 1)
-        ref = np.asarray(reference, dtype=np.int64)
         flat = np.asarray(flat, dtype=np.int64)
-        self.u_ids, r1 = np.unique(ref, return_counts=True)
-        self.b_ids, r2 = np.unique(ref[:-1] * v + ref[1:], return_counts=True)
-        self.r1, self.r2 = r1.astype(np.int64), r2.astype(np.int64)
+        ref = np.asarray(reference, dtype=np.int64)
+        # unigram column of each token: 1..U for the reference's distinct unigrams, 0 for any other token
+        uni = np.unique(ref)
+        U, V = len(uni), len(uni) + 1
+        ref_col = np.searchsorted(uni, ref) + 1
+        col = np.searchsorted(uni, flat)
+        col = np.where(np.append(uni, -1)[col] == flat, col + 1, 0)
+        # bigram columns U+1..U+B for the reference's distinct bigrams (of unigram columns a, b: code a*V + b)
+        r2 = np.bincount(ref_col[:-1] * V + ref_col[1:], minlength=V * V)
+        big = np.flatnonzero(r2)
+        B = len(big)
+        self.width = W = V + B + 1
+        self.trash = W - 1
+        self.ref_counts = np.concatenate([np.bincount(ref_col, minlength=V), r2[big], [0]])
+        self._ref = np.array([len(ref), max(len(ref) - 1, 0)], dtype=np.int64)
+        self.selector = np.zeros((W, 2), dtype=np.int64)   # overlap = min(counts, ref_counts) @ selector
+        self.selector[1:V, 0] = 1
+        self.selector[V:W - 1, 1] = 1
+        pair_col = np.full(V * V + 1, self.trash, dtype=np.int64)   # code V*V: "crosses a sentence end"
+        pair_col[big] = V + np.arange(B)
         sid = np.repeat(np.arange(n), lens)
-        self.m1 = self._counts(flat, sid, self.u_ids)
-        same = sid[:-1] == sid[1:]
-        self.m2 = self._counts((flat[:-1] * v + flat[1:])[same], sid[:-1][same], self.b_ids)
+        codes = np.where(sid[:-1] == sid[1:], col[:-1] * V + col[1:], V * V)
+        cells = np.concatenate([sid * W + col, sid[:-1] * W + pair_col[codes]])
+        self.counts = np.bincount(cells, minlength=n * W).reshape(n, W)
         self.candidates = np.flatnonzero(lens > 0)
-        # Reference-bigram column of the boundary bigram (last token of i, first token of j), for every
-        # pair of non-empty sentences: what joining i and j adds to the candidate text (-1: not in the reference).
-        c = self.candidates
-        ends = np.cumsum(lens)
-        self.boundary = np.full((n + 1, n + 1), -1, dtype=np.int64)   # row/col n = "no neighbour"
-        if len(c) and len(self.b_ids):
-            last, first = flat[ends[c] - 1], flat[ends[c] - lens[c]]
-            self.boundary[np.ix_(c, c)] = _lookup(self.b_ids, last[:, None] * v + first[None, :])
-
-    def _counts(self, grams: np.ndarray, rows: np.ndarray, table: np.ndarray) -> np.ndarray:
-        """[n, len(table)] count of each table n-gram per sentence."""
-        if not (len(table) and len(grams)):
-            return np.zeros((self.n, len(table)), dtype=np.int64)
-        pos = _lookup(table, grams)
-        hit = pos >= 0
-        flat = np.bincount(rows[hit] * len(table) + pos[hit], minlength=self.n * len(table))
-        return flat.reshape(self.n, len(table))
+        # Column of the boundary bigram (last token of i, first token of j) for every pair of sentences: what
+        # joining i and j adds to the candidate text. Row/column n = "no neighbour"; empty sentences have none
+        # (unigram column 0 pairs with nothing in the reference).
+        edge = np.zeros((2, n + 1), dtype=np.int64)
+        if len(flat):
+            ends = np.cumsum(lens)
+            at = np.minimum([ends - 1, ends - lens], len(flat) - 1)   # clipped: empty sentences are masked
+            edge[:, :n] = np.where(lens > 0, col[at], 0)
+        self.boundary = pair_col[edge[0][:, None] * V + edge[1][None, :]]
+        self._boundary = self.boundary.reshape(-1)
+        useful = self.boundary != self.trash
+        self._hot = set(np.flatnonzero(useful.any(axis=0) | useful.any(axis=1)).tolist())
 
     def empty(self) -> _State:
-        return _State((), np.zeros(len(self.r1), np.int64), np.zeros(len(self.r2), np.int64), 0, 0.0)
+        return _State((), np.zeros(self.width, np.int64), 0, 0.0)
 
     def expand(self, st: _State) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(candidates, their scores, their bigram count rows) for adding one sentence to `st`."""
+        """(candidates, their scores, their count rows) for adding one sentence to `st`."""
         cand = self.candidates
         if st.chosen:
             chosen = np.asarray(st.chosen, dtype=np.int64)
@@ -180,31 +182,29 @@ class OracleProblem:
             free[chosen] = False
             cand = cand[free[cand]]
         if not len(cand):
-            return cand, np.zeros(0), np.zeros((0, len(self.r2)), np.int64)
-        o1 = np.minimum(st.c1 + self.m1[cand], self.r1).sum(axis=1)
-        x2 = st.c2 + self.m2[cand]
-        if st.chosen and len(self.r2):
-            # neighbours p < c < q in the chosen set (document order): p-q no longer touch, p-c and c-q do
+            return cand, np.zeros(0), np.zeros((0, self.width), np.int64)
+        x = st.counts + self.counts[cand]
+        if not self._hot.isdisjoint(st.chosen):
+            # neighbours p < c < q in the chosen set (document order; n: none): p-q no longer touch, p-c and
+            # c-q do. Each update hits one cell per row, so plain fancy-index updates are exact. Skipped when
+            # no chosen sentence has a boundary bigram in the reference (then every update lands in trash).
+            around = np.concatenate(([self.n], chosen, [self.n]))
             k = np.searchsorted(chosen, cand)
-            p = np.where(k > 0, chosen[np.maximum(k - 1, 0)], self.n)
-            q = np.where(k < len(chosen), chosen[np.minimum(k, len(chosen) - 1)], self.n)
-            rows = np.arange(len(cand))
-            # one column per row in each term, so plain fancy-index updates (no np.add.at) are exact
-            for cols, sign in ((self.boundary[p, q], -1), (self.boundary[p, cand], 1), (self.boundary[cand, q], 1)):
-                ok = cols >= 0
-                x2[rows[ok], cols[ok]] += sign
-        overlap = np.empty((2, len(cand)), dtype=np.int64)
-        overlap[0] = o1
-        np.minimum(x2, self.r2).sum(axis=1, out=overlap[1])
-        pred = np.empty((2, len(cand)), dtype=np.int64)
-        pred[0] = st.length + self.lens[cand]
-        pred[1] = pred[0] - 1
-        f = _f(overlap, pred, self._ref[:, None])
-        return cand, f[0] + f[1], x2
+            p, q = around[k], around[k + 1]
+            flat, at, stride = x.reshape(-1), np.arange(0, len(cand) * self.width, self.width), self.n + 1
+            flat[at + self._boundary[p * stride + q]] -= 1
+            flat[at + self._boundary[p * stride + cand]] += 1
+            flat[at + self._boundary[cand * stride + q]] += 1
+        overlap = np.minimum(x, self.ref_counts) @ self.selector      # [k, 2]: unigram, bigram overlap
+        pred = np.empty((len(cand), 2), dtype=np.int64)
+        pred[:, 0] = st.length + self.lens[cand]
+        pred[:, 1] = pred[:, 0] - 1
+        f = _f(overlap, pred, self._ref)
+        return cand, f[:, 0] + f[:, 1], x
 
-    def add(self, st: _State, c: int, score: float, c2: np.ndarray) -> _State:
+    def add(self, st: _State, c: int, score: float, counts: np.ndarray) -> _State:
         chosen = tuple(sorted((*st.chosen, int(c))))
-        return _State(chosen, st.c1 + self.m1[c], c2, st.length + int(self.lens[c]), float(score))
+        return _State(chosen, counts, st.length + int(self.lens[c]), float(score))
 
     def greedy(self, max_sentences: int) -> tuple[int, ...]:
         st = self.empty()
@@ -242,10 +242,9 @@ def oracle_labels(sentences: list[str], summary: list[str], max_sentences: int =
                   beam_size: int = 5, tokenizer: RougeTokenizer | None = None) -> np.ndarray:
     """0/1 per sentence: the oracle's extractive summary of `sentences` for reference `summary`."""
     tok = tokenizer if tokenizer is not None else shared_tokenizer()
-    flat, lens = tok.ids_flat([*sentences, *summary])
-    n_doc = sum(lens[:len(sentences)])
-    ids = np.array(flat, dtype=np.int64)
-    problem = OracleProblem(ids[:n_doc], np.array(lens[:len(sentences)]), ids[n_doc:], len(tok))
+    ids, lens = tok.ids_flat([*sentences, *summary])
+    n_doc = int(lens[:len(sentences)].sum())
+    problem = OracleProblem(ids[:n_doc], lens[:len(sentences)], ids[n_doc:])
     chosen = problem.greedy(max_sentences) if method == "greedy" else problem.beam(max_sentences, beam_size)
     labels = np.zeros(len(sentences), dtype=np.uint8)
     labels[list(chosen)] = 1

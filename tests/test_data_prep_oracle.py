@@ -63,7 +63,7 @@ def test_internal_scores_are_rouge_score_scores_bit_for_bit(repo):
         flat, lens = tok.ids_flat(sents + summary)
         n = sum(lens[:len(sents)])
         ids = np.array(flat)
-        problem = OracleProblem(ids[:n], np.array(lens[:len(sents)]), ids[n:], len(tok))
+        problem = OracleProblem(ids[:n], np.array(lens[:len(sents)]), ids[n:])
         st = problem.empty()
         rng = random.Random(0)
         for _ in range(4):  # grow a random set; every candidate's score must equal rouge-score's
@@ -109,3 +109,24 @@ def test_presumm_reference_is_an_approximation(repo):
     same = sum(greedy_presumm(s, m) == greedy_rouge_score(s, m) for s, m in docs)
     assert 0 < same < len(docs)  # set-based, unstemmed scores pick other sentences on some documents
     assert all(set(itertools.chain(greedy_presumm(s, m))) <= set(range(len(s))) for s, m in docs)
+
+
+def test_boundary_bigrams_made_and_broken_score_like_rouge_score():
+    # "b e" exists only when sentences 0 and 2 are adjacent in the candidate; adding 1 breaks it, adding 3
+    # after 2 makes "f g"; an empty sentence between neighbours changes nothing
+    sents = ["a b", "c d", "", "e f", "g h", "b e"]
+    summary = ["b e f g", "d e"]
+    tok = RougeTokenizer()
+    ids, lens = tok.ids_flat(sents + summary)
+    n = int(lens[:len(sents)].sum())
+    problem = OracleProblem(ids[:n], lens[:len(sents)], ids[n:])
+    for size in range(3):
+        for chosen in itertools.combinations(problem.candidates.tolist(), size):
+            st = problem.empty()
+            for c in chosen:        # grow the state through expand/add, as greedy and beam do
+                cand, scores, rows = problem.expand(st)
+                j = cand.tolist().index(c)
+                st = problem.add(st, c, scores[j], rows[j])
+            cand, scores, _ = problem.expand(st)
+            for c, s in zip(cand, scores):
+                assert s == set_score(sents, summary, (*chosen, int(c))), (chosen, c)
