@@ -5,6 +5,7 @@ are moved into place just before, so a crash leaves either a finished shard or o
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -69,6 +70,10 @@ class Sentencizer:
     def segmenter(self) -> Segmenter:
         if self._segmenter is None:
             self._segmenter = make_segmenter(self.cfg.segmenter)
+            # stanza/spaCy bring torch: about a million objects that live as long as the process. Freezing
+            # them keeps the cyclic collector from re-walking them during the run and at interpreter exit
+            # (measured: exit 1.0 s -> 0.1 s).
+            gc.freeze()
         return self._segmenter
 
     @staticmethod
