@@ -3,13 +3,18 @@
 Same rules, same order, same conditions as `nltk.stem.porter.PorterStemmer().stem`; the speed comes from
 finding a step's rule by suffix lookups in a dict instead of calling `endswith` on every rule, and from
 computing the consonant/vowel pattern with `str.translate` instead of a per-letter Python loop. Oracle labels
-must equal rouge-score's, so `make_stemmer()` only returns this one after it stems a probe list (every rule,
-every NLTK extension, the irregular forms) exactly as the installed nltk does; otherwise it returns nltk's own
-stemmer and logs why. tests/test_data_prep_porter.py compares the two on every word of the shipped corpora.
+must equal rouge-score's, so `make_stemmer()` only returns this one when the installed nltk's porter.py is a
+version it was checked against word for word (by file hash; importing nltk costs ~2 s, it pulls in scipy), or
+else after it stems a probe list (every rule, every NLTK extension, the irregular forms) exactly as the
+installed nltk does; otherwise it returns nltk's own stemmer and logs why. tests/test_data_prep_porter.py
+compares the two on every word of the shipped corpora.
 """
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import logging
+from pathlib import Path
 from typing import Callable
 
 log = logging.getLogger(__name__)
@@ -200,8 +205,24 @@ national rationalize realization sensational emotionally physically sociology ey
 yellowish annoyingly""".split()
 
 
+# sha256 of nltk/stem/porter.py in the nltk releases this stemmer was compared with on the whole vocabulary
+# of the shared corpora (84k words) and the probe list: 3.10.4.
+VERIFIED_NLTK_PORTER = {"2d75d36dc9e83fc40857c72632fa1ea59208b531c5a91a765b62e63af57fa7d4"}
+
+
+def nltk_porter_sha256() -> str | None:
+    """Hash of the installed nltk/stem/porter.py, found without importing nltk."""
+    spec = importlib.util.find_spec("nltk")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "stem" / "porter.py"
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
 def make_stemmer() -> Callable[[str], str]:
-    """`porter_stem` when it matches the installed nltk on the probe words, else nltk's stemmer itself."""
+    """`porter_stem` when it is known or seen to match the installed nltk, else nltk's stemmer itself."""
+    if nltk_porter_sha256() in VERIFIED_NLTK_PORTER:
+        return porter_stem
     from nltk.stem import porter
 
     reference = porter.PorterStemmer().stem

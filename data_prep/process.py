@@ -104,7 +104,13 @@ class ShardProcessor:
         self.sentencizer = sentencizer or Sentencizer(cfg)
         self.sp = tok.load(out / tok.MODEL_NAME)
         self.sp_sha = tok.file_sha256(out / tok.MODEL_NAME)
-        self.rouge = RougeTokenizer()
+        self._rouge: RougeTokenizer | None = None  # built on the first summary: corpora without summaries need no stemmer
+
+    @property
+    def rouge(self) -> RougeTokenizer:
+        if self._rouge is None:
+            self._rouge = RougeTokenizer()
+        return self._rouge
 
     def run(self, shard: int, progress: Progress | None = None) -> dict[str, Any]:
         t0, c0 = time.time(), time.process_time()

@@ -3,6 +3,8 @@ and the oracle's tokenizer is rouge-score's tokenizer on awkward input."""
 import json
 import logging
 import re
+import subprocess
+import sys
 
 import pytest
 from nltk.stem import porter
@@ -11,7 +13,7 @@ from rouge_score import tokenizers
 from data_prep import porter as fast
 from data_prep.oracle import RougeTokenizer
 
-from conftest import SHARED
+from conftest import REPO, SHARED
 
 
 def _vocabulary(paths) -> list[str]:
@@ -52,7 +54,8 @@ def test_the_whole_vocabulary_of_the_shared_corpora_stems_like_nltk():
 
 
 def test_falls_back_to_nltk_when_they_disagree(monkeypatch, caplog):
-    assert fast.make_stemmer() is fast.porter_stem
+    monkeypatch.setattr(fast, "VERIFIED_NLTK_PORTER", set())   # an nltk release it was never compared with
+    assert fast.make_stemmer() is fast.porter_stem              # ... that stems the probe words alike
     original = porter.PorterStemmer.stem
     monkeypatch.setattr(porter.PorterStemmer, "stem",
                         lambda self, w, to_lowercase=True: "x" if w == "ponies" else original(self, w, to_lowercase))
@@ -60,6 +63,14 @@ def test_falls_back_to_nltk_when_they_disagree(monkeypatch, caplog):
         stem = fast.make_stemmer()
     assert stem is not fast.porter_stem and stem("ponies") == "x"
     assert "ponies" in caplog.text
+
+
+def test_a_verified_nltk_is_not_even_imported():
+    if fast.nltk_porter_sha256() not in fast.VERIFIED_NLTK_PORTER:
+        pytest.skip("this nltk's porter.py is not in VERIFIED_NLTK_PORTER: the probe decides (tested above)")
+    code = ("import sys; from data_prep.porter import make_stemmer, porter_stem; "
+            "assert make_stemmer() is porter_stem; assert 'nltk' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
 
 
 def test_tokenizer_on_awkward_text():
