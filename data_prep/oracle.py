@@ -52,9 +52,6 @@ class RougeTokenizer:
         self._dropped |= i < 0
         self._ids[raw] = i
 
-    def ids(self, text: str) -> np.ndarray:
-        return self.ids_flat([text])[0]
-
     def ids_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Token ids of all texts concatenated, and each text's token count. The texts are cleaned in one
         pass, joined by a separator token (rouge-score splits at a newline anyway; a text holding one is
