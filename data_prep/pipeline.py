@@ -5,6 +5,7 @@ tokenizer (the first task to get the lock trains it, the others wait), one shard
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -118,6 +119,35 @@ def _lock_is_stale(lock: Path) -> bool:
     return False
 
 
+def _break_if_stale(lock: Path) -> bool:
+    """Remove a lock whose holder died on this host. The check and the removal happen under an flock on a
+    guard file that is never removed: otherwise two processes that both saw the dead holder could each remove
+    a lock, the second one removing the live lock the first had taken meanwhile (both would then train)."""
+    with open(lock.with_name(lock.name + ".guard"), "a") as guard:
+        try:
+            fcntl.flock(guard, fcntl.LOCK_EX)   # released when the file closes
+        except OSError as e:  # a filesystem without flock: the check is still right, only not race-free
+            log.warning("cannot flock %s (%s): breaking the stale lock unguarded", guard.name, e)
+        if _lock_is_stale(lock):
+            lock.unlink(missing_ok=True)
+            return True
+        return False
+
+
+def _try_lock(lock: Path) -> bool:
+    """Take the lock file (created exclusively, holding host:pid), or False when a live process holds it."""
+    while True:
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if _break_if_stale(lock):
+                continue
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{socket.gethostname()}:{os.getpid()}")
+        return True
+
+
 def ensure_tokenizer(cfg: DataConfig, out: Path, plan: dict[str, Any], pool: LazyPool | None,
                      fresh: bool, sentencizer: Sentencizer | None = None) -> dict[str, Any]:
     """The dataset's tokenizer.model: installed (data.tokenizer.model), reused (same settings), or trained.
@@ -137,20 +167,13 @@ def ensure_tokenizer(cfg: DataConfig, out: Path, plan: dict[str, Any], pool: Laz
                 raise planning.PlanMismatch(
                     f"{out} has a tokenizer made with other settings ({info['settings']} != {settings}); "
                     "rerun with --fresh, or point data.tokenizer.model at the model to use")
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            if _lock_is_stale(lock):
-                lock.unlink(missing_ok=True)
-                continue
+        if not _try_lock(lock):
             if not announced:
                 log.info("waiting for the tokenizer another process is making (%s)", lock)
                 announced = True
             time.sleep(2)
             continue
         try:
-            os.write(fd, f"{socket.gethostname()}:{os.getpid()}".encode())
-            os.close(fd)
             info_path.unlink(missing_ok=True)
             if cfg.tokenizer.model:
                 tok.install(cfg.tokenizer.model, out)

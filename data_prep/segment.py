@@ -9,13 +9,16 @@ manifest, and a missing model is an error):
   With `fast` (default) the paragraphs go through the spaCy Language object that stanza's variant builds,
   batched with `nlp.pipe`, instead of being wrapped token by token into stanza Documents: the same
   sentences and tokens (tests/test_data_prep_segment.py checks it against the full stanza pipeline) at
-  about five times the speed.
+  about five times the speed. When the installed stanza's variant is one whose recipe was checked
+  (`English()` + `sentencizer`), the fast path builds that Language itself and loads neither stanza nor torch
+  (3-4 s less start-up per process); any other stanza version goes through `stanza.Pipeline`.
 Paragraphs are segmented separately, so no sentence crosses a paragraph break. Sentence text is returned
 with whitespace collapsed (one readable line); the word count is the number of tokens.
 """
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import tempfile
@@ -63,21 +66,64 @@ class Segmenter:
         raise NotImplementedError
 
 
+# sha256 of stanza/pipeline/external/spacy.py in the stanza releases whose spaCy variant was read and found to
+# build `spacy.lang.en.English()` + the `sentencizer` pipe (spaCy >= 3), the Language `_spacy_language` builds;
+# tests/test_data_prep_segment.py checks both give equal configs and equal sentences. Releases: 1.15.0.
+VERIFIED_STANZA_SPACY_VARIANT = {"f9e923dd82bc678078eb17aed3d7a8f5b8b51a66c7841131a1bf22d8e7f55579"}
+
+
+def stanza_spacy_variant_sha256() -> str | None:
+    """Hash of the installed stanza's spaCy variant source, found without importing stanza (which imports torch)."""
+    spec = importlib.util.find_spec("stanza")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "pipeline" / "external" / "spacy.py"
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def direct_fast_path(cfg: SegmenterConfig) -> bool:
+    """Whether the fast spaCy path can build stanza's variant Language itself (no stanza, no torch)."""
+    return cfg.kind == "spacy" and cfg.fast and stanza_spacy_variant_sha256() in VERIFIED_STANZA_SPACY_VARIANT
+
+
+def _spacy_language() -> Any:
+    """What stanza's spaCy variant builds: spaCy's English tokenizer rules plus the rule-based sentencizer."""
+    from data_prep.spacy_light import English
+
+    nlp = English()
+    nlp.add_pipe("sentencizer")
+    return nlp
+
+
+def preload_modules(cfg: SegmenterConfig) -> list[str]:
+    """The heavy modules a worker process should import before it forks (what its segmenter will load)."""
+    return ["data_prep.spacy_light"] if direct_fast_path(cfg) else ["stanza", "spacy"]
+
+
 class SpacySegmenter(Segmenter):
     def __init__(self, cfg: SegmenterConfig):
-        import spacy
-        import stanza
+        import importlib.metadata as md
 
         self.fast = cfg.fast
         self.batch_size = max(1, cfg.batch_size)
-        self.pipeline = stanza.Pipeline(lang="en", processors={"tokenize": "spacy"}, dir=str(offline_resources_dir()),
-                                        download_method=None, logging_level="WARN")
-        # The spaCy Language stanza's variant built (English() + sentencizer), used directly in fast mode.
-        self.nlp = self.pipeline.processors["tokenize"]._variant.nlp
-        self.info = {"library": "stanza", "stanza_version": stanza.__version__, "processor": "tokenize",
-                     "kind": "spacy", "variant": "spacy", "spacy_version": spacy.__version__,
+        self.pipeline: Any = None
+        if direct_fast_path(cfg):
+            self.nlp = _spacy_language()
+            built = "stanza's spacy variant recipe (verified source), stanza not loaded"
+        else:
+            import stanza
+
+            self.pipeline = stanza.Pipeline(lang="en", processors={"tokenize": "spacy"},
+                                            dir=str(offline_resources_dir()), download_method=None,
+                                            logging_level="WARN")
+            # The spaCy Language stanza's variant built (English() + sentencizer), used directly in fast mode.
+            self.nlp = self.pipeline.processors["tokenize"]._variant.nlp
+            built = "stanza.Pipeline"
+        self.info = {"library": "stanza", "stanza_version": md.version("stanza"), "processor": "tokenize",
+                     "kind": "spacy", "variant": "spacy", "spacy_version": md.version("spacy"),
                      "spacy_pipeline": "spacy.lang.en.English() + sentencizer (stanza's spacy variant)",
-                     "fast_path": self.fast, "offline": True, "paragraphs": "segmented separately"}
+                     "built_by": built, "fast_path": self.fast, "offline": True,
+                     "paragraphs": "segmented separately"}
 
     def _paragraphs(self, paragraphs: list[str]) -> list[list[Sentence]]:
         out = []

@@ -9,6 +9,7 @@ from typing import Any
 from hibert.config.data import DataConfig
 
 from data_prep.process import Sentencizer, ShardProcessor
+from data_prep.segment import preload_modules
 
 _state: dict[str, Any] = {}
 
@@ -36,7 +37,8 @@ class WorkerPool:
     def __init__(self, cfg: DataConfig, out: Path, plan: dict[str, Any], workers: int, progress: bool):
         ctx = mp.get_context("forkserver")
         # the fork server imports the heavy modules once; each worker forks from it already warm
-        ctx.set_forkserver_preload(["data_prep.workers", "data_prep.segment", "stanza", "spacy", "sentencepiece"])
+        ctx.set_forkserver_preload(["data_prep.workers", "data_prep.segment", "sentencepiece",
+                                    *preload_modules(cfg.segmenter)])
         self.queue = ctx.Queue() if progress else None
         self.pool = ctx.Pool(workers, initializer=_init,
                              initargs=(cfg.model_dump_json(), str(out), plan, self.queue))

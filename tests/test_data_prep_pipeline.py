@@ -343,6 +343,42 @@ def test_shipped_data_configs_load(repo):
                 assert (repo / s.path).is_file()
 
 
+@pytest.mark.timeout(60)
+def test_a_stale_lock_is_broken_once_when_two_tasks_race(tmp_path, monkeypatch):
+    """Two array tasks that both find a dead holder's lock: exactly one gets the lock. Without the guard the
+    second removes the live lock the first took meanwhile and both train. The staleness check is slowed so
+    both tasks judge the dead holder before either removes it."""
+    import socket
+    import threading
+    import time
+
+    from data_prep import pipeline as P
+
+    lock = tmp_path / "tokenizer.lock"
+    lock.write_text(f"{socket.gethostname()}:999999999")
+    real = P._lock_is_stale
+
+    def slow(path):
+        stale = real(path)
+        time.sleep(0.3)
+        return stale
+
+    monkeypatch.setattr(P, "_lock_is_stale", slow)
+    start, got = threading.Barrier(2), []
+
+    def task():
+        start.wait()
+        got.append(P._try_lock(lock))
+
+    threads = [threading.Thread(target=task) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(got) == [False, True]
+    assert lock.read_text() == f"{socket.gethostname()}:{__import__('os').getpid()}"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_array_tasks_share_one_tokenizer_and_merge(tmp_path, repo):

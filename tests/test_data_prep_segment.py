@@ -1,10 +1,13 @@
 """Segmentation through stanza (offline, spaCy variant) and SentencePiece training with the fixed ids."""
 import json
+import subprocess
+import sys
 
 import pytest
 
 from data_prep import tokenizer as tok
 from data_prep.records import split_paragraphs
+from data_prep import segment as S
 from data_prep.segment import OFFLINE_RESOURCES, SegmenterUnavailable, make_segmenter, offline_resources_dir
 from hibert import tokens as T
 from hibert.config.data import SegmenterConfig, TokenizerConfig
@@ -41,6 +44,49 @@ def test_fast_path_equals_the_stanza_pipeline(fast, repo):
     a, b = fast.segment(docs), full.segment(docs)
     assert a == b and sum(len(d) for d in a) > 400
     assert full.info["fast_path"] is False
+
+
+def test_direct_fast_path_builds_the_language_stanzas_variant_builds(fast):
+    """The fast path builds stanza's spaCy variant Language itself only for a stanza whose variant source was
+    checked; the Language must equal the one stanza builds (config, tokenizer rules, pipes)."""
+    assert S.stanza_spacy_variant_sha256() in S.VERIFIED_STANZA_SPACY_VARIANT, \
+        "new stanza release: read stanza/pipeline/external/spacy.py, then add its sha256 if the recipe is unchanged"
+    assert fast.pipeline is None and fast.info["built_by"].startswith("stanza's spacy variant recipe")
+    import stanza
+
+    variant = stanza.Pipeline(lang="en", processors={"tokenize": "spacy"}, dir=str(offline_resources_dir()),
+                              download_method=None, logging_level="WARN").processors["tokenize"]._variant.nlp
+    ours = S._spacy_language()
+    assert ours.config.to_str() == variant.config.to_str()
+    assert ours.pipe_names == variant.pipe_names == ["sentencizer"]
+    assert ours.tokenizer.to_bytes() == variant.tokenizer.to_bytes()
+    assert ours.get_pipe("sentencizer").to_bytes() == variant.get_pipe("sentencizer").to_bytes()
+
+
+def test_unverified_stanza_goes_through_stanza_pipeline(fast, monkeypatch):
+    monkeypatch.setattr(S, "VERIFIED_STANZA_SPACY_VARIANT", set())
+    cfg = SegmenterConfig(kind="spacy", fast=True)
+    assert not S.direct_fast_path(cfg) and S.preload_modules(cfg) == ["stanza", "spacy"]
+    seg = S.SpacySegmenter(cfg)
+    assert seg.info["built_by"] == "stanza.Pipeline" and seg.pipeline is not None
+    docs = [["Dr. Smith arrived at 5 p.m. on Monday. He left early!", "Prices rose 3.5% in the U.S. last year."]]
+    assert seg.segment(docs) == fast.segment(docs)
+
+
+def test_direct_fast_path_loads_neither_stanza_nor_torch():
+    """A fresh process segments without importing stanza or torch (3-4 s of start-up per prep process), and
+    torch stays importable for anything else in that process."""
+    code = (
+        "import sys\n"
+        "from hibert.config.data import SegmenterConfig\n"
+        "from data_prep.segment import make_segmenter\n"
+        "out = make_segmenter(SegmenterConfig(kind='spacy')).segment([['One sentence. Another one!']])\n"
+        "assert out == [[('One sentence.', 3), ('Another one!', 3)]], out\n"
+        "assert 'torch' not in sys.modules and 'stanza' not in sys.modules, 'loaded torch or stanza'\n"
+        "import torch\n"
+        "assert torch.ones(2).sum().item() == 2\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
 
 
 def test_neural_without_models_is_an_error_not_a_fallback(tmp_path):
