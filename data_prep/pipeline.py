@@ -76,6 +76,7 @@ class LazyPool:
     def get(self) -> WorkerPool | None:
         if self.pool is None and self.args[3] > 1:
             self.pool = WorkerPool(*self.args)
+            log.info("%d worker processes (%s)", self.args[3], self.pool.method)
         return self.pool
 
     def close(self, ok: bool) -> None:

@@ -17,7 +17,7 @@ from data_prep.plan import PlanMismatch
 from data_prep.process import Sentencizer, shard_marker
 from data_prep.shards import SPLITS, ShardPart, SplitWriter
 from hibert.cli import main
-from hibert.config.data import DataConfig, SourceConfig, TokenizerConfig
+from hibert.config.data import DataConfig, SegmenterConfig, SourceConfig, TokenizerConfig
 
 FIX = Path(__file__).parent / "fixtures" / "data_prep"
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
@@ -285,7 +285,12 @@ def test_resume_skips_finished_shards(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_two_workers_write_the_same_dataset_as_one(tmp_path):
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_two_workers_write_the_same_dataset_as_one(tmp_path, method, monkeypatch):
+    """Whichever way the workers start (fork from a single-threaded parent, else a fork server)."""
+    from data_prep import workers
+
+    monkeypatch.setattr(workers, "start_method", lambda cfg: method)
     sources = [SourceConfig(format="jsonl", path=str(SAMPLES / "bbc_sample.jsonl"), name="bbc", text_field="article",
                             summary_field="summary", summary_glued=True, id_field="id")]
     one = data_cfg(tmp_path / "one", sources)
@@ -299,6 +304,24 @@ def test_two_workers_write_the_same_dataset_as_one(tmp_path):
         content = lambda ds: {ds.doc_id(i): ([x.tolist() for x in ds[i]], ds.labels(i).tolist(),  # noqa: E731
                                              ds.sentences_text(i)) for i in range(len(ds))}
         assert content(a) == content(b) and len(a) == m1["splits"][split]["chunks"]
+
+
+def test_workers_fork_only_when_nothing_else_runs_and_no_torch_is_needed(tmp_path, monkeypatch):
+    """fork from a process with no other Python thread and a torch-free segmenter; else a fork server."""
+    import threading
+
+    from data_prep import segment, workers
+
+    cfg = data_cfg(tmp_path, [SourceConfig(format="text", path=str(FIX / "text"))])
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    assert workers.start_method(cfg) == "fork"
+    assert workers.start_method(cfg.model_copy(update={"segmenter": SegmenterConfig(kind="spacy", fast=False)})) \
+        == "forkserver"   # goes through stanza.Pipeline, which imports torch
+    monkeypatch.setattr(segment, "VERIFIED_STANZA_SPACY_VARIANT", set())
+    assert workers.start_method(cfg) == "forkserver"
+    monkeypatch.undo()
+    monkeypatch.setattr(threading, "active_count", lambda: 2)
+    assert workers.start_method(cfg) == "forkserver"
 
 
 def test_in_domain_prep_reuses_the_open_domain_tokenizer(tmp_path, repo):
