@@ -32,6 +32,7 @@ def content_settings(cfg: DataConfig) -> dict[str, Any]:
     """Every setting that changes what a shard holds (the tokenizer is checked by its hash)."""
     seg = segmenter_info(cfg.segmenter)
     seg.pop("fast_path", None)          # same output either way
+    seg.pop("built_by", None)
     return {"sources": [s.model_dump(mode="json") for s in cfg.sources],
             "max_sentence_tokens": cfg.max_sentence_tokens, "max_doc_sentences": cfg.max_doc_sentences,
             "max_doc_chars": cfg.max_doc_chars, "valid_fraction": cfg.valid_fraction,

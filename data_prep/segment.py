@@ -95,6 +95,13 @@ def _spacy_language() -> Any:
     return nlp
 
 
+def built_by(cfg: SegmenterConfig) -> str:
+    """How the spaCy variant's Language is built (the manifest says it; the output is the same either way)."""
+    if direct_fast_path(cfg):
+        return "stanza's spacy variant recipe (verified stanza source), stanza and torch not loaded"
+    return "stanza.Pipeline"
+
+
 def preload_modules(cfg: SegmenterConfig) -> list[str]:
     """The heavy modules a worker process should import before it forks (what its segmenter will load)."""
     return ["data_prep.spacy_light"] if direct_fast_path(cfg) else ["stanza", "spacy"]
@@ -107,9 +114,9 @@ class SpacySegmenter(Segmenter):
         self.fast = cfg.fast
         self.batch_size = max(1, cfg.batch_size)
         self.pipeline: Any = None
+        built = built_by(cfg)
         if direct_fast_path(cfg):
             self.nlp = _spacy_language()
-            built = "stanza's spacy variant recipe (verified source), stanza not loaded"
         else:
             import stanza
 
@@ -118,7 +125,6 @@ class SpacySegmenter(Segmenter):
                                             logging_level="WARN")
             # The spaCy Language stanza's variant built (English() + sentencizer), used directly in fast mode.
             self.nlp = self.pipeline.processors["tokenize"]._variant.nlp
-            built = "stanza.Pipeline"
         self.info = {"library": "stanza", "stanza_version": md.version("stanza"), "processor": "tokenize",
                      "kind": "spacy", "variant": "spacy", "spacy_version": md.version("spacy"),
                      "spacy_pipeline": "spacy.lang.en.English() + sentencizer (stanza's spacy variant)",
@@ -211,7 +217,8 @@ def segmenter_info(cfg: SegmenterConfig) -> dict[str, Any]:
     info: dict[str, Any] = {"library": "stanza", "stanza_version": md.version("stanza"), "processor": "tokenize",
                             "kind": cfg.kind}
     if cfg.kind == "spacy":
-        info.update(variant="spacy", spacy_version=md.version("spacy"), fast_path=cfg.fast, offline=True)
+        info.update(variant="spacy", spacy_version=md.version("spacy"), fast_path=cfg.fast, offline=True,
+                    built_by=built_by(cfg))
     else:
         models = neural_models(cfg)
         info.update(variant="neural", model_dir=cfg.stanza_dir, use_gpu=cfg.use_gpu, models=[m.name for m in models],

@@ -52,6 +52,7 @@ def test_direct_fast_path_builds_the_language_stanzas_variant_builds(fast):
     assert S.stanza_spacy_variant_sha256() in S.VERIFIED_STANZA_SPACY_VARIANT, \
         "new stanza release: read stanza/pipeline/external/spacy.py, then add its sha256 if the recipe is unchanged"
     assert fast.pipeline is None and fast.info["built_by"].startswith("stanza's spacy variant recipe")
+    assert S.segmenter_info(SegmenterConfig(kind="spacy"))["built_by"] == fast.info["built_by"]
     import stanza
 
     variant = stanza.Pipeline(lang="en", processors={"tokenize": "spacy"}, dir=str(offline_resources_dir()),
