@@ -34,8 +34,8 @@ def _shard(shard: int) -> dict[str, Any]:
 def start_method(cfg: DataConfig) -> str:
     """How to start the workers. `fork` when no other Python thread runs (`hibert prep` when its pool starts)
     and the segmenter does not load torch: the workers inherit the parent's imports and load spaCy side by
-    side (measured ~0.6 s less start-up with 2 workers than a fork server, which re-imports everything,
-    serially, before the first worker exists). `forkserver` otherwise: forking while another thread holds a
+    side (2 workers on Reuters: median wall 10.2 s against 11.7 s with a fork server, which re-imports
+    everything, serially, before the first worker exists). `forkserver` otherwise: forking while another thread holds a
     lock (logging, I/O) can leave the child stuck on it, and torch in a child forked from a process whose
     OpenMP pool ran can hang. (numpy's OpenBLAS threads are fork-safe: it re-creates its pool in the child.)"""
     return "fork" if threading.active_count() == 1 and direct_fast_path(cfg.segmenter) else "forkserver"
