@@ -104,11 +104,19 @@ def _train_tokenizer(cfg: DataConfig, out: Path, plan: dict[str, Any], pool: Wor
     return len(sentences)
 
 
+UNWRITTEN_LOCK_S = 300  # a holder writes host:pid right after creating the lock; empty this long = it died
+
+
 def _lock_is_stale(lock: Path) -> bool:
     try:
-        host, pid = lock.read_text().split(":")[:2]
-    except (OSError, ValueError):
+        text = lock.read_text()
+        age = time.time() - lock.stat().st_mtime
+    except OSError:
         return False
+    try:
+        host, pid = text.split(":")[:2]
+    except ValueError:
+        return age > UNWRITTEN_LOCK_S   # (generous: the mtime may come from another host's clock)
     if host != socket.gethostname():
         return False  # cannot tell from here; whoever holds it on that host finishes or is rerun
     try:

@@ -402,6 +402,22 @@ def test_a_stale_lock_is_broken_once_when_two_tasks_race(tmp_path, monkeypatch):
     assert lock.read_text() == f"{socket.gethostname()}:{__import__('os').getpid()}"
 
 
+def test_a_lock_left_unwritten_is_stale_only_after_a_while(tmp_path):
+    """A holder that died between creating the lock and writing host:pid leaves an empty file: stale once it
+    is older than UNWRITTEN_LOCK_S, live before (its holder may be writing it right now)."""
+    import os
+    import time
+
+    from data_prep import pipeline as P
+
+    lock = tmp_path / "tokenizer.lock"
+    lock.write_text("")
+    assert not P._try_lock(lock)
+    old = time.time() - P.UNWRITTEN_LOCK_S - 5
+    os.utime(lock, (old, old))
+    assert P._try_lock(lock) and lock.read_text().endswith(f":{os.getpid()}")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_array_tasks_share_one_tokenizer_and_merge(tmp_path, repo):
