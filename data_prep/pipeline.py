@@ -5,6 +5,7 @@ tokenizer (the first task to get the lock trains it, the others wait), one shard
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -13,7 +14,7 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from hibert.config.data import DataConfig
 
@@ -128,15 +129,23 @@ def _lock_is_stale(lock: Path) -> bool:
     return False
 
 
-def _break_if_stale(lock: Path) -> bool:
-    """Remove a lock whose holder died on this host. The check and the removal happen under an flock on a
-    guard file that is never removed: otherwise two processes that both saw the dead holder could each remove
-    a lock, the second one removing the live lock the first had taken meanwhile (both would then train)."""
+@contextlib.contextmanager
+def _guard(lock: Path) -> Iterator[None]:
+    """An flock on a guard file that is never removed. Judging a lock stale and removing it, and a holder's
+    release, both happen under it: otherwise two processes that saw the same dead holder could each remove a
+    lock (the second removing the live lock the first had just taken), or a waiter could judge a holder dead
+    that released and exited a moment ago and remove the lock a third process had taken since."""
     with open(lock.with_name(lock.name + ".guard"), "a") as guard:
         try:
             fcntl.flock(guard, fcntl.LOCK_EX)   # released when the file closes
         except OSError as e:  # a filesystem without flock: the check is still right, only not race-free
-            log.warning("cannot flock %s (%s): breaking the stale lock unguarded", guard.name, e)
+            log.warning("cannot flock %s (%s): lock handled unguarded", guard.name, e)
+        yield
+
+
+def _break_if_stale(lock: Path) -> bool:
+    """Remove a lock whose holder died on this host (see `_guard`)."""
+    with _guard(lock):
         if _lock_is_stale(lock):
             lock.unlink(missing_ok=True)
             return True
@@ -157,6 +166,23 @@ def _try_lock(lock: Path) -> bool:
         return True
 
 
+def _release(lock: Path) -> None:
+    with _guard(lock):
+        lock.unlink(missing_ok=True)
+
+
+def _existing_tokenizer(out: Path, settings: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(its description, None) when the dataset has a tokenizer made with these settings; (None, the other
+    settings) when it has one made with others; (None, None) when it has none."""
+    info_path, model = out / TOKENIZER_INFO, out / tok.MODEL_NAME
+    if not (info_path.is_file() and model.is_file()):
+        return None, None
+    info = json.loads(info_path.read_text())
+    if info["settings"] == settings and info["sha256"] == tok.file_sha256(model):
+        return info["describe"], None
+    return None, info["settings"]
+
+
 def ensure_tokenizer(cfg: DataConfig, out: Path, plan: dict[str, Any], pool: LazyPool | None,
                      fresh: bool, sentencizer: Sentencizer | None = None) -> dict[str, Any]:
     """The dataset's tokenizer.model: installed (data.tokenizer.model), reused (same settings), or trained.
@@ -164,18 +190,20 @@ def ensure_tokenizer(cfg: DataConfig, out: Path, plan: dict[str, Any], pool: Laz
     info_path, model = out / TOKENIZER_INFO, out / tok.MODEL_NAME
     settings = _tokenizer_settings(cfg)
     lock = out / LOCK
+
+    def mismatch(other: dict[str, Any]) -> planning.PlanMismatch:
+        return planning.PlanMismatch(
+            f"{out} has a tokenizer made with other settings ({other} != {settings}); "
+            "rerun with --fresh, or point data.tokenizer.model at the model to use")
+
     announced = False
     while True:
-        if info_path.is_file() and model.is_file() and not fresh:
-            info = json.loads(info_path.read_text())
-            if info["settings"] == settings and info["sha256"] == tok.file_sha256(model):
-                return info["describe"]
-            if lock.exists():
-                pass  # someone is replacing it right now: wait below
-            else:
-                raise planning.PlanMismatch(
-                    f"{out} has a tokenizer made with other settings ({info['settings']} != {settings}); "
-                    "rerun with --fresh, or point data.tokenizer.model at the model to use")
+        if not fresh:
+            described, other = _existing_tokenizer(out, settings)
+            if described is not None:
+                return described
+            if other is not None and not lock.exists():
+                raise mismatch(other)   # (with a lock: someone may be replacing it right now; wait below)
         if not _try_lock(lock):
             if not announced:
                 log.info("waiting for the tokenizer another process is making (%s)", lock)
@@ -183,6 +211,12 @@ def ensure_tokenizer(cfg: DataConfig, out: Path, plan: dict[str, Any], pool: Laz
             time.sleep(2)
             continue
         try:
+            if not fresh:  # again, under the lock: a holder may have just finished, or a dead one hid a mismatch
+                described, other = _existing_tokenizer(out, settings)
+                if described is not None:
+                    return described
+                if other is not None:
+                    raise mismatch(other)
             info_path.unlink(missing_ok=True)
             if cfg.tokenizer.model:
                 tok.install(cfg.tokenizer.model, out)
@@ -194,7 +228,7 @@ def ensure_tokenizer(cfg: DataConfig, out: Path, plan: dict[str, Any], pool: Laz
                                             "describe": described})
             return described
         finally:
-            lock.unlink(missing_ok=True)
+            _release(lock)
 
 
 def _wipe(out: Path) -> None:

@@ -96,9 +96,10 @@ def _spacy_language() -> Any:
 
 
 def built_by(cfg: SegmenterConfig) -> str:
-    """How the spaCy variant's Language is built (the manifest says it; the output is the same either way)."""
+    """How the spaCy variant's Language is built with the stanza installed here (the manifest says it, as
+    judged where the merge runs; the output is the same either way)."""
     if direct_fast_path(cfg):
-        return "stanza's spacy variant recipe (verified stanza source), stanza and torch not loaded"
+        return "stanza's spacy variant recipe (verified stanza source), built without loading stanza"
     return "stanza.Pipeline"
 
 

@@ -2,17 +2,20 @@
 
 Importing spaCy imports thinc, whose `compat` module imports torch (2-3 s and a few hundred MB per process)
 only to offer torch-backed layers. Segmentation uses spaCy's rule-based tokenizer and sentencizer, which
-never touch them, so torch is hidden for the duration of this one import when nothing has imported it yet:
-thinc then records `has_torch = False` and torch stays importable afterwards for any other code. When torch
-is already loaded there is nothing to save and spaCy is imported as usual.
+never touch them, so torch is hidden for the duration of this one import when nothing has imported it yet
+and no other thread runs (the hiding is process-wide: another thread's `import torch` would fail meanwhile).
+Torch stays importable afterwards, but thinc keeps `has_torch = False` for the life of the process: thinc's
+torch-backed layers (spaCy transformer pipelines) do not work in it. When torch is already loaded, or other
+threads run, spaCy is imported as usual.
 
 The fork server of `hibert prep --workers N` preloads this module, so every worker starts with spaCy loaded.
 """
 from __future__ import annotations
 
 import sys
+import threading
 
-if "torch" in sys.modules or "spacy" in sys.modules:
+if "torch" in sys.modules or "spacy" in sys.modules or threading.active_count() > 1:
     import spacy
     from spacy.lang.en import English
 else:

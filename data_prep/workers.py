@@ -3,6 +3,7 @@ and then serves segmentation batches (tokenizer sample) and whole shards."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,14 @@ def start_method(cfg: DataConfig) -> str:
     side (2 workers on Reuters: median wall 10.2 s against 11.7 s with a fork server, which re-imports
     everything, serially, before the first worker exists). `forkserver` otherwise: forking while another thread holds a
     lock (logging, I/O) can leave the child stuck on it, and torch in a child forked from a process whose
-    OpenMP pool ran can hang. (numpy's OpenBLAS threads are fork-safe: it re-creates its pool in the child.)"""
-    return "fork" if threading.active_count() == 1 and direct_fast_path(cfg.segmenter) else "forkserver"
+    OpenMP pool ran can hang; a parent that has loaded torch may run such native threads, which
+    `threading.active_count` does not see. (numpy's OpenBLAS threads are fork-safe: it re-creates its pool in
+    the child.) With fork, a worker that dies is replaced by a fork from the parent while the pool's and the
+    progress bar's threads run: the pool hangs after a worker crash either way, and that is the case where
+    it happens."""
+    if threading.active_count() == 1 and "torch" not in sys.modules and direct_fast_path(cfg.segmenter):
+        return "fork"
+    return "forkserver"
 
 
 class WorkerPool:

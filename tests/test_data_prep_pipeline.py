@@ -307,13 +307,18 @@ def test_two_workers_write_the_same_dataset_as_one(tmp_path, method, monkeypatch
 
 
 def test_workers_fork_only_when_nothing_else_runs_and_no_torch_is_needed(tmp_path, monkeypatch):
-    """fork from a process with no other Python thread and a torch-free segmenter; else a fork server."""
+    """fork from a process with no other Python thread, no torch loaded and a torch-free segmenter; else a
+    fork server."""
+    import sys
     import threading
 
     from data_prep import segment, workers
 
     cfg = data_cfg(tmp_path, [SourceConfig(format="text", path=str(FIX / "text"))])
     monkeypatch.setattr(threading, "active_count", lambda: 1)
+    monkeypatch.setitem(sys.modules, "torch", object())
+    assert workers.start_method(cfg) == "forkserver"   # its OpenMP threads are invisible to `threading`
+    monkeypatch.delitem(sys.modules, "torch")
     assert workers.start_method(cfg) == "fork"
     assert workers.start_method(cfg.model_copy(update={"segmenter": SegmenterConfig(kind="spacy", fast=False)})) \
         == "forkserver"   # goes through stanza.Pipeline, which imports torch
@@ -368,9 +373,10 @@ def test_shipped_data_configs_load(repo):
 
 @pytest.mark.timeout(60)
 def test_a_stale_lock_is_broken_once_when_two_tasks_race(tmp_path, monkeypatch):
-    """Two array tasks that both find a dead holder's lock: exactly one gets the lock. Without the guard the
-    second removes the live lock the first took meanwhile and both train. The staleness check is slowed so
-    both tasks judge the dead holder before either removes it."""
+    """Two array tasks that both find a dead holder's lock: exactly one gets the lock. The staleness check is
+    made to force the bad interleaving: the first task to judge waits (up to 1 s) until the other has judged
+    too, the other waits until the lock exists again before its verdict counts. Without the guard both judge
+    the dead holder, the second removes the live lock the first took meanwhile, and both get it."""
     import socket
     import threading
     import time
@@ -378,15 +384,27 @@ def test_a_stale_lock_is_broken_once_when_two_tasks_race(tmp_path, monkeypatch):
     from data_prep import pipeline as P
 
     lock = tmp_path / "tokenizer.lock"
-    lock.write_text(f"{socket.gethostname()}:999999999")
-    real = P._lock_is_stale
+    dead = f"{socket.gethostname()}:999999999"
+    lock.write_text(dead)
+    real, judged, mutex = P._lock_is_stale, [], threading.Lock()
 
-    def slow(path):
+    def wait_for(cond):
+        end = time.time() + 1.0
+        while not cond() and time.time() < end:
+            time.sleep(0.005)
+
+    def interleaving(path):
         stale = real(path)
-        time.sleep(0.3)
+        with mutex:
+            judged.append(stale)
+            first = len(judged) == 1
+        if first:
+            wait_for(lambda: len(judged) > 1)
+        else:
+            wait_for(lambda: path.is_file() and path.read_text() not in ("", dead))
         return stale
 
-    monkeypatch.setattr(P, "_lock_is_stale", slow)
+    monkeypatch.setattr(P, "_lock_is_stale", interleaving)
     start, got = threading.Barrier(2), []
 
     def task():
@@ -400,6 +418,24 @@ def test_a_stale_lock_is_broken_once_when_two_tasks_race(tmp_path, monkeypatch):
         t.join(30)
     assert sorted(got) == [False, True]
     assert lock.read_text() == f"{socket.gethostname()}:{__import__('os').getpid()}"
+
+
+def test_a_stale_lock_does_not_hide_a_tokenizer_made_with_other_settings(tmp_path):
+    """Breaking a dead task's lock must not skip the settings check: the existing tokenizer stays, the run
+    stops with PlanMismatch (not --fresh), and the lock it took is released."""
+    import socket
+
+    from data_prep import pipeline as P
+
+    cfg = data_cfg(tmp_path, [SourceConfig(format="text", path=str(FIX / "text"))])
+    (tmp_path / tok.MODEL_NAME).write_bytes(b"a tokenizer made with other settings")
+    (tmp_path / P.TOKENIZER_INFO).write_text(json.dumps({
+        "settings": {"vocab_size": 123}, "sha256": tok.file_sha256(tmp_path / tok.MODEL_NAME), "describe": {}}))
+    (tmp_path / P.LOCK).write_text(f"{socket.gethostname()}:999999999")
+    with pytest.raises(PlanMismatch, match="other settings"):
+        P.ensure_tokenizer(cfg, tmp_path, {}, None, fresh=False)
+    assert (tmp_path / tok.MODEL_NAME).read_bytes() == b"a tokenizer made with other settings"
+    assert not (tmp_path / P.LOCK).exists()
 
 
 def test_a_lock_left_unwritten_is_stale_only_after_a_while(tmp_path):
