@@ -8,6 +8,7 @@ from typing import Any
 
 from data_prep.merge import MissingShards
 from data_prep.plan import PlanMismatch
+from data_prep.workers import WorkerDied
 from data_prep.segment import SegmenterUnavailable
 
 log = logging.getLogger("data_prep")
@@ -51,6 +52,9 @@ def run(cfg: Any, args: argparse.Namespace) -> int:
     except (SegmenterUnavailable, PlanMismatch, MissingShards, FileNotFoundError, ValueError) as e:
         print(f"hibert prep: {e}", file=sys.stderr)
         return 2
+    except WorkerDied as e:
+        print(f"hibert prep: {e}", file=sys.stderr)
+        return 1
     if manifest is not None:
         c = manifest["counts"]
         print(f"{data.output}: {c['docs_in']} docs in, {c['kept']} kept, skipped {c['skipped']}; "

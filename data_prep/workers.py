@@ -3,10 +3,13 @@ and then serves segmentation batches (tokenizer sample) and whole shards."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import sys
 import threading
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from hibert.config.data import DataConfig
 
@@ -40,16 +43,24 @@ def start_method(cfg: DataConfig) -> str:
     lock (logging, I/O) can leave the child stuck on it, and torch in a child forked from a process whose
     OpenMP pool ran can hang; a parent that has loaded torch may run such native threads, which
     `threading.active_count` does not see. (numpy's OpenBLAS threads are fork-safe: it re-creates its pool in
-    the child.) With fork, a worker that dies is replaced by a fork from the parent while the pool's and the
-    progress bar's threads run: the pool hangs after a worker crash either way, and that is the case where
-    it happens."""
+    the child.) The workers all start before any thread of the caller's, and a dead worker is not replaced."""
     if threading.active_count() == 1 and "torch" not in sys.modules and direct_fast_path(cfg.segmenter):
         return "fork"
     return "forkserver"
 
 
+class WorkerDied(RuntimeError):
+    """A worker process ended without returning (killed, out of memory, or its start-up failed)."""
+
+
+def _ready() -> int:
+    return os.getpid()
+
+
 class WorkerPool:
-    """A process pool whose workers each hold a segmenter and shard processor for all the work they get."""
+    """A process pool whose workers each hold a segmenter and shard processor for all the work they get.
+    A `concurrent.futures` pool: a worker that dies (OOM killer, a signal) fails the run at once with
+    WorkerDied, where a `multiprocessing.Pool` would replace it and wait forever for the lost task."""
 
     def __init__(self, cfg: DataConfig, out: Path, plan: dict[str, Any], workers: int, progress: bool,
                  method: str | None = None):
@@ -60,19 +71,41 @@ class WorkerPool:
             ctx.set_forkserver_preload(["data_prep.workers", "data_prep.segment", "sentencepiece",
                                         *preload_modules(cfg.segmenter)])
         self.queue = ctx.Queue() if progress else None
-        self.pool = ctx.Pool(workers, initializer=_init,
-                             initargs=(cfg.model_dump_json(), str(out), plan, self.queue))
+        self.pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init,
+                                        initargs=(cfg.model_dump_json(), str(out), plan, self.queue))
+        # start the workers now, before the caller starts any thread (with fork, all of them start here)
+        self._all(_ready, [()], "starting")
+
+    def _all(self, fn: Callable[..., Any], calls: list[tuple[Any, ...]], doing: str) -> list[Any]:
+        try:
+            return [f.result() for f in [self.pool.submit(fn, *a) for a in calls]]
+        except BrokenProcessPool as e:
+            raise WorkerDied(f"a prep worker process died while {doing} (killed, or out of memory?)") from e
 
     def segment(self, batches: list[list[tuple[list[str], bool]]]) -> list[list[list[tuple[str, int]]]]:
-        return self.pool.map(_segment, batches, chunksize=1)
+        return self._all(_segment, [(b,) for b in batches], "segmenting the tokenizer sample")
 
-    def shards(self, shards: list[int]):
-        return self.pool.imap_unordered(_shard, shards, chunksize=1)
+    def shards(self, shards: list[int]) -> Iterator[dict[str, Any]]:
+        """Results as shards finish."""
+        futures: dict[Future, int] = {}
+        try:
+            for s in shards:
+                futures[self.pool.submit(_shard, s)] = s
+            for f in as_completed(futures):
+                yield f.result()
+        except BrokenProcessPool as e:
+            done = {s for f, s in futures.items() if f.done() and not f.cancelled() and f.exception() is None}
+            left = [s for s in shards if s not in done]
+            raise WorkerDied(f"a prep worker process died (killed, or out of memory?) with shards {left} "
+                             "unfinished; finished shards are kept: rerun the same command to resume") from e
 
     def close(self) -> None:
-        self.pool.close()
-        self.pool.join()
+        self.pool.shutdown(wait=True)
 
     def terminate(self) -> None:
-        self.pool.terminate()
-        self.pool.join()
+        procs = list((self.pool._processes or {}).values())  # no public handle before Python 3.14
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.join(10)

@@ -329,6 +329,30 @@ def test_workers_fork_only_when_nothing_else_runs_and_no_torch_is_needed(tmp_pat
     assert workers.start_method(cfg) == "forkserver"
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_a_killed_worker_fails_the_run_instead_of_hanging(tmp_path, method):
+    """The OOM killer or a signal takes a worker: the run stops at once with WorkerDied naming the unfinished
+    shards (a multiprocessing.Pool would start a new worker and wait forever for the lost task)."""
+    import os
+    import signal
+
+    from data_prep.workers import WorkerDied, WorkerPool
+
+    cfg = data_cfg(tmp_path, [SourceConfig(format="text", path=str(FIX / "text"))])
+    pool = WorkerPool(cfg, tmp_path, {}, 2, progress=False, method=method)
+    try:
+        victim = next(iter(pool.pool._processes.values()))
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(10)
+        with pytest.raises(WorkerDied, match=r"shards \[0, 1\] unfinished.*rerun the same command"):
+            list(pool.shards([0, 1]))
+        with pytest.raises(WorkerDied, match="segmenting"):
+            pool.segment([[(["One sentence."], False)]])
+    finally:
+        pool.terminate()
+
+
 def test_in_domain_prep_reuses_the_open_domain_tokenizer(tmp_path, repo):
     open_cfg = data_cfg(tmp_path / "open", [SourceConfig(format="text", path=str(FIX / "text"))])
     prepare(open_cfg, progress=False)
