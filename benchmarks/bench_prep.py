@@ -50,6 +50,30 @@ def run_once(recipe: Path, out: Path, workers: int) -> dict:
             "tokens": c["tokens"]}
 
 
+def run_pair(recipe: Path, work: Path) -> dict:
+    """The machine's ceiling for 2 workers: two independent 1-worker jobs on the whole corpus at once.
+    2 x (1 job's wall) / (the pair's wall) is the most any 2-process scheme can get here (shared caches, memory
+    bandwidth and a neighbour's load slow each core down when both are busy)."""
+    outs = [work / f"pair{i}" for i in (0, 1)]
+    for out in outs:
+        shutil.rmtree(out, ignore_errors=True)
+    t0 = time.time()
+    procs = [subprocess.Popen([sys.executable, "-m", "hibert.cli", "prep", str(recipe), f"data.output={out}",
+                               "--workers", "1", "--num-shards", "1", "--no-progress"], cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for out in outs]
+    ends: dict[int, float] = {}
+    while len(ends) < len(procs):
+        for i, proc in enumerate(procs):
+            if i not in ends and proc.poll() is not None:
+                if proc.returncode != 0:
+                    raise RuntimeError(f"pair run failed: {proc.args}")
+                ends[i] = time.time() - t0
+        time.sleep(0.02)
+    return {"workers": "pair", "wall_s": round(max(ends.values()), 2),
+            "walls_s": [round(ends[i], 2) for i in range(len(procs))],
+            "loadavg": os.getloadavg()[0]}
+
+
 def kept_words(dataset: Path) -> int:
     """Whitespace words of the documents the dataset kept (its sentence texts hold every word once)."""
     from data_prep import DocumentDataset
@@ -79,6 +103,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--vocab-size", type=int, default=16000)
     ap.add_argument("--repeat", type=int, default=3, help="runs per worker count (medians are reported)")
+    ap.add_argument("--no-pair", action="store_true", help="skip the machine-ceiling reference (2 x 1-worker jobs)")
     ap.add_argument("--work-dir", default=str(REPO / "runs" / "bench_prep"))
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "bench_prep.json"))
     args = ap.parse_args()
@@ -98,10 +123,12 @@ def main() -> None:
     recipe = work / "recipe.yaml"
     recipe.write_text(json.dumps({"data": {
         "sources": [src[0].model_dump(mode="json")], "tokenizer": {"model": str(model)}}}))
-    runs = []
+    runs, pairs = [], []
     for rep in range(args.repeat):          # alternate the worker counts so load changes hit both alike
         for w in args.workers:
             runs.append(run_once(recipe, work / f"w{w}", w) | {"repeat": rep})
+        if not args.no_pair and 1 in args.workers:
+            pairs.append(run_pair(recipe, work) | {"repeat": rep})
     ws_words = kept_words(work / f"w{args.workers[0]}")
     for r in runs:
         busy = sum(s - u for s, u in zip(r["shard_seconds"], r["shard_setup_seconds"]))
@@ -123,6 +150,15 @@ def main() -> None:
         v["steady_speedup_vs_1"] = round(base["longest_shard_busy_s"] / v["longest_shard_busy_s"], 2)
         # from CPU time: what the workers need when each has a core to itself (this machine is shared)
         v["cpu_speedup_vs_1"] = round(base["longest_shard_busy_cpu_s"] / v["longest_shard_busy_cpu_s"], 2)
+    ceiling = None
+    if pairs:
+        solo = [r["wall_s"] for r in runs if r["workers"] == 1]
+        ceiling = {"pair_wall_s": statistics.median(p["wall_s"] for p in pairs),
+                   "speedup_ceiling": round(2 * base["wall_s"] / statistics.median(p["wall_s"] for p in pairs), 2),
+                   "per_repeat": [round(2 * a / p["wall_s"], 2) for a, p in zip(solo, pairs)]}
+        if 2 in summary:
+            ceiling["two_workers_share_of_ceiling"] = round(summary[2]["speedup_vs_1"] / ceiling["speedup_ceiling"],
+                                                            3)
     top = summary[max(args.workers)]
     efficiency = min(top["speedup_vs_1"] / max(args.workers), 1.0)
     steady_eff = min(top["steady_speedup_vs_1"] / max(args.workers), 1.0)
@@ -143,10 +179,18 @@ def main() -> None:
               "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg(), "segmenter": "stanza spacy variant (fast)",
               "tokenizer_train_s": round(tokenizer_s, 2), "vocab_size": args.vocab_size,
               "input_whitespace_words_nonempty_docs": ws_words_all, "words_kept": ws_words, "counts": counts,
-              "summary_median": summary, "giga_cm_projection": projection, "runs": runs}
+              "summary_median": summary, "machine_ceiling": ceiling, "giga_cm_projection": projection,
+              "runs": runs, "pair_runs": pairs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("runs", "pair_runs")}, indent=1))
+    print(f"\n{'workers':>8} {'wall s':>8} {'words/s/core':>13} {'steady':>8} {'speedup':>8} {'busy':>6}")
+    for w, v in summary.items():
+        print(f"{w:>8} {v['wall_s']:>8.2f} {v['words_per_s_per_core']:>13,.0f} "
+              f"{v['steady_words_per_s_per_core']:>8,.0f} {v['speedup_vs_1']:>8.2f} {v['steady_speedup_vs_1']:>6.2f}")
+    if ceiling:
+        print(f"{'2 x 1w':>8} {ceiling['pair_wall_s']:>8.2f} {'':>13} {'':>8} {ceiling['speedup_ceiling']:>8.2f}"
+              "   <- machine ceiling: two independent 1-worker jobs at once")
 
 
 if __name__ == "__main__":

@@ -10,11 +10,17 @@ from typing import Any
 from tqdm import tqdm
 
 
+class _Tqdm(tqdm):
+    # tqdm's default monitor thread (started by every instance, even a disabled one) would make a 1-worker
+    # run import spaCy with torch visible (see spacy_light: hiding torch needs a single thread), +2 s.
+    monitor_interval = 0
+
+
 class ProgressBar:
     def __init__(self, desc: str, enabled: bool = True):
         self.t0: float | None = None     # clock starts with the first report (after model loading)
         self.words = 0
-        self.bar = tqdm(desc=desc, unit=" docs", disable=not enabled, dynamic_ncols=True,
+        self.bar = _Tqdm(desc=desc, unit=" docs", disable=not enabled, dynamic_ncols=True,
                         mininterval=0.5 if sys.stderr.isatty() else 30.0)
 
     def update(self, docs: int, words: int) -> None:

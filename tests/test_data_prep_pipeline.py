@@ -502,3 +502,29 @@ def test_array_tasks_share_one_tokenizer_and_merge(tmp_path, repo):
     assert merged.returncode == 0, merged.stderr
     m = json.loads((out / "manifest.json").read_text())
     assert m["counts"]["docs_in"] == 300 and m["plan"]["num_shards"] == 2 and not (out / "tokenizer.lock").exists()
+
+
+@pytest.mark.timeout(120)
+def test_one_worker_prep_starts_no_thread_and_loads_no_torch(tmp_path):
+    """The in-process path (1 worker, progress bar on) keeps the process single-threaded until spaCy is
+    imported, so spaCy comes without torch (2 s per run; tqdm's monitor thread used to prevent it)."""
+    import subprocess
+    import sys
+
+    sources = [SourceConfig(format="text", path=str(FIX / "text"))]
+    prepare(data_cfg(tmp_path / "tok", sources, tokenizer=TokenizerConfig(vocab_size=300, hard_vocab_limit=False)),
+            tokenizer_only=True, progress=False)
+    code = (  # reusing a tokenizer: the first sentence is segmented inside the shard, after the bar exists
+        "import sys, threading\n"
+        "from data_prep import prepare\n"
+        "from hibert.config.data import DataConfig, SourceConfig, TokenizerConfig\n"
+        f"cfg = DataConfig(sources=[SourceConfig(format='text', path={str(FIX / 'text')!r})],"
+        f" output={str(tmp_path / 'out')!r},"
+        f" tokenizer=TokenizerConfig(model={str(tmp_path / 'tok' / 'tokenizer.model')!r}))\n"
+        "m = prepare(cfg, progress=True)\n"
+        "assert m['counts']['kept'] > 0, m['counts']\n"
+        "assert 'spacy' in sys.modules and 'torch' not in sys.modules, 'torch loaded'\n"
+        "assert threading.active_count() == 1, threading.enumerate()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=110,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stderr[-3000:]
