@@ -21,7 +21,7 @@ class ProgressBar:
         self.t0: float | None = None     # clock starts with the first report (after model loading)
         self.words = 0
         self.bar = _Tqdm(desc=desc, unit=" docs", disable=not enabled, dynamic_ncols=True,
-                        mininterval=0.5 if sys.stderr.isatty() else 30.0)
+                         mininterval=0.5 if sys.stderr.isatty() else 30.0)
 
     def update(self, docs: int, words: int) -> None:
         now = time.time()
