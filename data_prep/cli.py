@@ -8,8 +8,8 @@ from typing import Any
 
 from data_prep.merge import MissingShards
 from data_prep.plan import PlanMismatch
-from data_prep.workers import WorkerDied
 from data_prep.segment import SegmenterUnavailable
+from data_prep.workers import WorkerDied
 
 log = logging.getLogger("data_prep")
 

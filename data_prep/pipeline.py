@@ -191,19 +191,20 @@ def ensure_tokenizer(cfg: DataConfig, out: Path, plan: dict[str, Any], pool: Laz
     settings = _tokenizer_settings(cfg)
     lock = out / LOCK
 
-    def mismatch(other: dict[str, Any]) -> planning.PlanMismatch:
-        return planning.PlanMismatch(
-            f"{out} has a tokenizer made with other settings ({other} != {settings}); "
-            "rerun with --fresh, or point data.tokenizer.model at the model to use")
+    def reusable(locked: bool) -> dict[str, Any] | None:
+        """The existing tokenizer's description when it has these settings. One with other settings is refused,
+        unless it may be being replaced right now (someone else holds the lock)."""
+        described, other = _existing_tokenizer(out, settings)
+        if other is not None and (locked or not lock.exists()):
+            raise planning.PlanMismatch(
+                f"{out} has a tokenizer made with other settings ({other} != {settings}); "
+                "rerun with --fresh, or point data.tokenizer.model at the model to use")
+        return described
 
     announced = False
     while True:
-        if not fresh:
-            described, other = _existing_tokenizer(out, settings)
-            if described is not None:
-                return described
-            if other is not None and not lock.exists():
-                raise mismatch(other)   # (with a lock: someone may be replacing it right now; wait below)
+        if not fresh and (described := reusable(locked=False)) is not None:
+            return described
         if not _try_lock(lock):
             if not announced:
                 log.info("waiting for the tokenizer another process is making (%s)", lock)
@@ -211,12 +212,9 @@ def ensure_tokenizer(cfg: DataConfig, out: Path, plan: dict[str, Any], pool: Laz
             time.sleep(2)
             continue
         try:
-            if not fresh:  # again, under the lock: a holder may have just finished, or a dead one hid a mismatch
-                described, other = _existing_tokenizer(out, settings)
-                if described is not None:
-                    return described
-                if other is not None:
-                    raise mismatch(other)
+            # again, under the lock: a holder may have just finished, or a dead one hid a mismatch
+            if not fresh and (described := reusable(locked=True)) is not None:
+                return described
             info_path.unlink(missing_ok=True)
             if cfg.tokenizer.model:
                 tok.install(cfg.tokenizer.model, out)

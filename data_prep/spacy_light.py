@@ -8,7 +8,8 @@ Torch stays importable afterwards, but thinc keeps `has_torch = False` for the l
 torch-backed layers (spaCy transformer pipelines) do not work in it. When torch is already loaded, or other
 threads run, spaCy is imported as usual.
 
-The fork server of `hibert prep --workers N` preloads this module, so every worker starts with spaCy loaded.
+With a fork server (`hibert prep --workers N` when torch is loaded or threads run), the server preloads this
+module, so every worker starts with spaCy loaded; forked workers import it themselves, side by side.
 """
 from __future__ import annotations
 
