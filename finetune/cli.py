@@ -22,18 +22,18 @@ def run_finetune(cfg: Config, args: argparse.Namespace) -> int:
     cfg.run.stage = "finetune"
     cfg.objective.kind = "extractive"
     if args.nproc and "RANK" not in os.environ and "SLURM_PROCID" not in os.environ:
-        from pretrain.cli import relaunch
+        from pretrain.runtime import relaunch
 
         return relaunch(cfg, "finetune", args.nproc)
     from finetune.extractive_task import ExtractiveTask
-    from pretrain.cli import prepare_run, run_task
+    from pretrain.runtime import prepare_run, run_task
 
     inputs = prepare_run(cfg)
     if inputs.init is not None:  # the encoder's own size and vocabulary; this run's dropout
-        model_cfg = inputs.init[1].model_copy(update={"dropout": cfg.model.dropout})
+        model_cfg = inputs.init.model_cfg.model_copy(update={"dropout": cfg.model.dropout})
     else:
         model_cfg = cfg.model.model_copy(update={"vocab_size": inputs.vocab_size})
-    task = ExtractiveTask(cfg, model_cfg, inputs.init[0] if inputs.init else None)
+    task = ExtractiveTask(cfg, model_cfg, inputs.init.state if inputs.init else None)
     return run_task(cfg, inputs, task, "finetune")
 
 
@@ -60,7 +60,6 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
     from hibert.registry import resolve_model, tracking_uri
     from pretrain.trainer import file_hash
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     log = logging.getLogger("hibert.evaluate")
     uri = tracking_uri(cfg.tracking.uri, cfg.run.output_dir)
     ref = _model_ref(cfg, args.model)
@@ -133,6 +132,11 @@ def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
     from hibert.registry import resolve_model, tracking_uri
 
     ref = _model_ref(cfg, args.model)
+    try:  # every input problem is reported before the (slow) model load
+        inputs = list(read_documents(args.input, args.field, args.limit))
+    except InputError as e:
+        print(f"hibert summarize: {e}", file=sys.stderr)
+        return 2
     try:
         local = resolve_model(ref, tracking_uri(cfg.tracking.uri, cfg.run.output_dir), cfg.run_dir / "summarize-model")
         summarizer = Summarizer(local, "cuda" if torch.cuda.is_available() else "cpu", cfg.data.segmenter.stanza_dir)
@@ -140,7 +144,7 @@ def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
         print(f"hibert summarize: cannot load model {ref!r}: {e}", file=sys.stderr)
         return 2
     try:
-        for doc_id, text in read_documents(args.input, args.field, args.limit):
+        for doc_id, text in inputs:
             s = summarizer(doc_id, text, args.k)
             if args.json:
                 print(json.dumps({"id": s.doc_id, "summary": s.sentences, "indices": s.indices,

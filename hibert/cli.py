@@ -37,9 +37,23 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
 
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("hibert-platform")
+    except PackageNotFoundError:  # a source checkout that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hibert", description="Pretrain and finetune hierarchical document encoders (HIBERT).")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
+                        default=None, help="log level of this command and the ranks it starts (default INFO; "
+                        "ranks other than 0 log warnings only)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (target, help_text, takes_config) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -88,6 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
+    from hibert.logs import set_level, setup_logging
+
+    set_level(args.log_level)
+    setup_logging(0)
     target, _, takes_config = COMMANDS[args.command]
     cfg = None
     if takes_config:

@@ -16,6 +16,7 @@ import torch
 
 from hibert.config import Config
 from pretrain.schedule import lr_multiplier
+from pretrain.task import ParamGroup, decay_groups
 
 
 @dataclass
@@ -104,32 +105,29 @@ def _deep_merge(dst: dict[str, Any], src: dict[str, Any]) -> None:
             dst[k] = v
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def build_engine(cfg: Config, model: torch.nn.Module, rt: Runtime):
+def build_engine(cfg: Config, model: torch.nn.Module, rt: Runtime, groups: list[ParamGroup] | None = None):
+    """DeepSpeed engine over `model`. Each optimizer group has its own peak lr (optimizer.lr x lr_scale) and
+    warmup under the one decay rule of `schedule:` — a LambdaLR with one multiplier per group, which
+    DeepSpeed steps and checkpoints."""
     import deepspeed
 
     ds_cfg = deepspeed_config(cfg, rt.precision)
+    groups = groups if groups is not None else decay_groups(model.named_parameters(), cfg.optimizer.weight_decay)
+    groups = [g for g in groups if g.params]
+    torch_groups = [{"params": g.params, "weight_decay": g.weight_decay, "lr": cfg.optimizer.lr * g.lr_scale,
+                     "name": g.name} for g in groups]
     opt = None
     if cfg.deepspeed.offload_optimizer == "none":
-        opt = torch.optim.AdamW(param_groups(model, cfg.optimizer.weight_decay), lr=cfg.optimizer.lr,
-                                betas=tuple(cfg.optimizer.betas), eps=cfg.optimizer.eps,
-                                fused=rt.device.type == "cuda")
+        opt = torch.optim.AdamW(torch_groups, lr=cfg.optimizer.lr, betas=tuple(cfg.optimizer.betas),
+                                eps=cfg.optimizer.eps, fused=rt.device.type == "cuda")
     sch = cfg.schedule
+    warmups = [sch.warmup_steps if g.warmup_steps is None else g.warmup_steps for g in groups]
 
     def scheduler(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
-        return torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: lr_multiplier(step, sch.warmup_steps, sch.decay, sch.max_steps))
+        lambdas = [lambda step, w=w: lr_multiplier(step, w, sch.decay, sch.max_steps) for w in warmups]
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas if len(lambdas) > 1 else lambdas[0])
 
     engine, _, _, _ = deepspeed.initialize(
-        model=model, optimizer=opt,
-        model_parameters=None if opt is not None else param_groups(model, cfg.optimizer.weight_decay),
+        model=model, optimizer=opt, model_parameters=None if opt is not None else torch_groups,
         lr_scheduler=scheduler, config=ds_cfg, dist_init_required=False)
     return engine

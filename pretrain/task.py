@@ -1,5 +1,11 @@
 """What a training job trains. The one training loop (`pretrain.trainer.Trainer`) drives any Task:
-masked-sentence pretraining here, extractive finetuning in finetune/ — no second loop."""
+masked-sentence pretraining here, extractive and abstractive finetuning in finetune/ — no second loop.
+
+A task supplies: `build_model`, `make_item` (DataLoader workers: a pure function of its arguments), `loss`
+(forward + additive statistics), `summarize` (statistics -> metrics), `model_config`; optionally
+`evaluate` (validation metrics; default: the loss statistics on the validation split), `param_groups`
+(optimizer groups with their own lr scale and warmup), `registry_name`/`registry_alias` and
+`write_export_extras`. See pretrain/runtime.py for how a command runs a task."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -8,6 +14,29 @@ from typing import Any
 
 import numpy as np
 import torch
+
+
+@dataclass
+class ParamGroup:
+    """Parameters that share an optimizer setting. `lr_scale` multiplies optimizer.lr; `warmup_steps`
+    (None: schedule.warmup_steps) is this group's own warmup under the same decay rule. Freeze a group
+    with lr_scale=0, never by toggling requires_grad (that changes what the optimizer and ZeRO hold)."""
+    name: str
+    params: list[torch.nn.Parameter]
+    weight_decay: float
+    lr_scale: float = 1.0
+    warmup_steps: int | None = None
+
+
+def decay_groups(named_params, weight_decay: float, prefix: str = "", **settings: Any) -> list[ParamGroup]:
+    """Split parameters into weight-decayed matrices and undecayed biases/LayerNorm weights."""
+    decay, no_decay = [], []
+    for name, p in named_params:
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
+    return [ParamGroup(f"{prefix}decay", decay, weight_decay, **settings),
+            ParamGroup(f"{prefix}no_decay", no_decay, 0.0, **settings)]
 
 
 @dataclass
@@ -45,6 +74,10 @@ class Task(ABC):
         """Turn summed statistics into reported metrics (e.g. perplexity)."""
 
     stat_keys: tuple[str, ...] = ()    # statistics every rank reports (so all-reduces line up)
+
+    def param_groups(self, model: torch.nn.Module, cfg) -> list[ParamGroup]:
+        """Optimizer groups. Default: one lr and warmup for everything, no decay on biases and norms."""
+        return decay_groups(model.named_parameters(), cfg.optimizer.weight_decay)
 
     def model_config(self):
         """The `model:` config the exported encoder was built with (vocab size filled in)."""

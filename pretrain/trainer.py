@@ -1,10 +1,14 @@
-"""The one training loop: DeepSpeed engine, token-budget batches, checkpoints, preemption, evaluation,
-MLflow metrics, export and registry. Pretraining and finetuning both run through `Trainer.fit`."""
+"""The one training loop. `Trainer.fit` reads top to bottom: resume, banner, then per step `train_step`
+followed by the components that each own their cadence — the step log (`schedule.log_every`), the
+validator (`schedule.eval_every`: evaluation, early stopping, model selection), the checkpointer
+(`checkpoint.every_steps`) and the preemption flag — and at the end `publish` (export + registry).
+Pretraining and every finetuning head run through it with their own `Task`."""
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,19 +18,19 @@ import torch
 import torch.distributed as dist
 
 from hibert.config import Config, config_hash, save_resolved
-from hibert.registry import register_artifact_dir
 from pretrain.batching import BatchPlan, doc_costs, plan_epoch
 from pretrain.checkpoint import CheckpointManager
 from pretrain.engine import Runtime, build_engine
-from pretrain.export import gather_fp32_state_dict, write_export
-from safetensors.torch import load_file, save_file
 from pretrain.loader import make_loader
 from pretrain.metrics import Window, default_peak_tflops, peak_memory_gb
 from pretrain.preemption import PreemptionFlag
+from pretrain.publish import publish
+from pretrain.step_log import StepLog, banner
 from pretrain.task import Task
 from pretrain.tracking import Tracker
+from pretrain.validation import Validator
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("hibert.train")
 
 
 @dataclass
@@ -54,6 +58,22 @@ def _all_sum(values: dict[str, float], device: torch.device) -> dict[str, float]
     return dict(zip(keys, t.tolist()))
 
 
+class Checkpointer:
+    """Saves every `every` steps (0: only at the end and on preemption), never twice for one step."""
+
+    def __init__(self, manager: CheckpointManager, every: int):
+        self.manager, self.every, self.last_saved = manager, every, -1
+
+    def maybe_save(self, engine, step: int, state: dict[str, Any]) -> None:
+        if self.every and step % self.every == 0:
+            self.save(engine, step, state)
+
+    def save(self, engine, step: int, state: dict[str, Any], force: bool = False) -> None:
+        if force or self.last_saved != step:
+            self.manager.save(engine, step, state)
+            self.last_saved = step
+
+
 class Trainer:
     def __init__(self, cfg: Config, task: Task, rt: Runtime, train_data, valid_data, encoder_prefix: str = "encoder."):
         self.cfg, self.task, self.rt = cfg, task, rt
@@ -62,19 +82,28 @@ class Trainer:
         self.run_dir = cfg.run_dir
         torch.manual_seed(cfg.run.seed)  # identical init on every rank
         self.model = task.build_model()
-        self.engine = build_engine(cfg, self.model, rt)
+        self.engine = build_engine(cfg, self.model, rt, task.param_groups(self.model, cfg))
         torch.manual_seed(cfg.run.seed + 7919 * (rt.rank + 1))  # dropout differs across ranks
-        self.ckpt = CheckpointManager(cfg.checkpoint_dir, cfg.checkpoint.keep_last, rt.rank, rt.world_size)
+        self.checkpointer = Checkpointer(
+            CheckpointManager(cfg.checkpoint_dir, cfg.checkpoint.keep_last, rt.rank, rt.world_size),
+            cfg.checkpoint.every_steps)
         self.tracker = Tracker(cfg, enabled=rt.is_main)
         self.flag = PreemptionFlag().install()
+        s = cfg.schedule
+        self.validator = Validator(self, s.eval_every, s.early_stop_patience, cfg.checkpoint.keep_best)
+        self.step_log = StepLog(0, 0, rt.is_main)
         self.last_metrics: dict[str, float] = {}
         self.costs = doc_costs(train_data.doc_num_tokens, train_data.doc_num_sentences)
         self.state: dict[str, Any] = {"global_step": 0, "epoch": 0, "step_in_epoch": 0, "best": None,
                                       "evals_without_improvement": 0, "mlflow_run_id": None,
                                       "candidates": [],  # [score, step, path] of the best evaluations
-                                      "seed": cfg.schedule.seed, "config_hash": config_hash(cfg),
+                                      "seed": s.seed, "config_hash": config_hash(cfg),
                                       "world_size": rt.world_size,
-                                      "micro_per_step": rt.world_size * cfg.schedule.grad_accum}
+                                      "micro_per_step": rt.world_size * s.grad_accum}
+
+    @property
+    def ckpt(self) -> CheckpointManager:
+        return self.checkpointer.manager
 
     # ---------------------------------------------------------------- planning
     def plan(self, epoch: int) -> BatchPlan:
@@ -84,6 +113,15 @@ class Trainer:
 
     def _max_steps(self) -> int | None:
         return self.cfg.schedule.max_steps
+
+    def total_steps(self, steps_per_epoch: int) -> int:
+        """Planned optimizer steps of the whole run (epochs x this epoch's plan, capped by max_steps)."""
+        total = steps_per_epoch * self.cfg.schedule.epochs
+        return min(total, self._max_steps()) if self._max_steps() else total
+
+    def _horizon_reached(self) -> bool:
+        m = self._max_steps()
+        return bool(m) and self.state["global_step"] >= m
 
     # ---------------------------------------------------------------- resume
     def _resume(self) -> None:
@@ -108,12 +146,14 @@ class Trainer:
                      self.state["global_step"], self.state["epoch"], self.state["step_in_epoch"])
 
     # ---------------------------------------------------------------- evaluation
-    def valid_items(self, data=None):
+    def valid_items(self, data=None, desc: str = "eval"):
         """Yield (item, counted) over this rank's share of a split's batches (default: validation).
 
         ZeRO-3's forward is collective, so every rank runs the same number of forwards; the padding
         forwards (repeats of a real batch) come with counted=False and must be ignored.
         """
+        from tqdm import tqdm
+
         data = self.valid_data if data is None else data
         s = self.cfg.schedule
         costs = doc_costs(data.doc_num_tokens, data.doc_num_sentences)
@@ -123,12 +163,16 @@ class Trainer:
         W, r = self.rt.world_size, self.rt.rank
         mine = batches[r::W]
         padded = mine + [batches[0]] * (-(-len(batches) // W) - len(mine))
+        bar = tqdm(total=len(padded), desc=desc, unit="batch", leave=False, disable=not self.rt.is_main,
+                   mininterval=0.5 if sys.stderr.isatty() else 30.0)
         self.engine.eval()
         try:
             with torch.no_grad():
                 for i, item in enumerate(make_loader(self.task, data, padded, 0, 0)):
                     yield item.to(self.rt.device), i < len(mine)
+                    bar.update()
         finally:
+            bar.close()
             self.engine.train()
 
     def all_sum(self, values: dict[str, float]) -> dict[str, float]:
@@ -139,6 +183,40 @@ class Trainer:
             return {}
         return self.task.evaluate(self)
 
+    # ---------------------------------------------------------------- one step
+    def train_step(self, batches, window: Window) -> dict[str, torch.Tensor]:
+        """One optimizer step: `grad_accum` micro-batches forward + backward, DeepSpeed steps (it applies
+        the update on the last one). Returns the task's statistics, still on the device."""
+        stats: dict[str, torch.Tensor] = {}
+        for _ in range(self.cfg.schedule.grad_accum):
+            t0 = time.perf_counter()
+            item = next(batches).to(self.rt.device)
+            wait = time.perf_counter() - t0
+            loss, item_stats = self.task.loss(self.engine, item)
+            self.engine.backward(loss)
+            self.engine.step()
+            window.add(item.real_tokens, item.flops, wait)
+            for k, v in item_stats.items():
+                stats[k] = stats.get(k, 0.0) + v.detach()
+        self.state["global_step"] += 1
+        self.state["step_in_epoch"] += 1
+        window.steps += 1
+        return stats
+
+    def _log_window(self, step: int, window: Window, stats: dict[str, Any], epoch: int) -> None:
+        m = window.flush()
+        totals = _all_sum({k: float(v) for k, v in stats.items()}, self.rt.device)
+        m.update(self.task.summarize(totals, "train_"))
+        m["lr"] = self.engine.get_lr()[0]
+        gn = self.engine.get_global_grad_norm()
+        if gn is not None:
+            m["grad_norm"] = float(gn)
+        m["peak_memory_gb"] = peak_memory_gb(self.rt.device)
+        m["epoch"] = epoch
+        self.tracker.metrics(m, step)
+        self.last_metrics = m
+        self.step_log.step(step, m)
+
     # ---------------------------------------------------------------- main loop
     def fit(self) -> TrainResult:
         cfg, rt, s = self.cfg, self.rt, self.cfg.schedule
@@ -146,98 +224,65 @@ class Trainer:
             save_resolved(cfg, self.run_dir)
         self._resume()
         done = self.run_dir / "export" / "registry.json"
-        max_steps = self._max_steps()
-        nothing_left = (max_steps and self.state["global_step"] >= max_steps) or self.state["epoch"] >= s.epochs
+        nothing_left = self._horizon_reached() or self.state["epoch"] >= s.epochs
         if self.state.get("finished") and nothing_left and done.is_file():
             # A finished run started again (e.g. a requeue after the last step): nothing left to do.
             if rt.is_main:
                 log.info("run already finished at step %d; export: %s", self.state["global_step"], done.parent)
             version = json.loads(done.read_text()).get("version")
             return TrainResult("finished", self.state["global_step"], done.parent, {}, version)
+        first_plan = self.plan(self.state["epoch"])
+        self.step_log = StepLog(self.total_steps(first_plan.steps), self.state["global_step"], rt.is_main)
+        if rt.is_main:
+            log.info("%s", banner(self.banner_facts(first_plan)))
         tags = {"stage": cfg.run.stage, "task": self.task.name, "world_size": str(rt.world_size),
                 "dataset_manifest": self.manifest_hash(), "precision": rt.precision,
                 "zero_stage": str(cfg.deepspeed.zero_stage)}
         self.state["mlflow_run_id"] = self.tracker.start(self.state["mlflow_run_id"], tags) or self.state["mlflow_run_id"]
         window = Window(default_peak_tflops(rt.device, cfg.tracking.peak_tflops), rt.world_size)
-        status, last_eval, last_saved = "finished", {}, -1
-        it = None
-        train_stats: dict[str, float] = {}
+        status, it, train_stats = "finished", None, {}
+        plan = first_plan
         try:
-            while self.state["epoch"] < s.epochs:
+            while self.state["epoch"] < s.epochs and status == "finished" and not self._horizon_reached():
                 epoch = self.state["epoch"]
-                plan = self.plan(epoch)
+                plan = plan if plan is not None else self.plan(epoch)
                 start = self.state["step_in_epoch"]
-                mine = plan.rank_batches(rt.rank, rt.world_size, s.grad_accum, start)
                 self._close(it)
-                it = iter(make_loader(self.task, self.train_data, mine, epoch, cfg.data.num_workers_loader))
+                it = iter(make_loader(self.task, self.train_data, plan.rank_batches(rt.rank, rt.world_size,
+                          s.grad_accum, start), epoch, cfg.data.num_workers_loader))
                 for _ in range(start, plan.steps):
-                    for _a in range(s.grad_accum):
-                        t0 = time.perf_counter()
-                        item = next(it).to(rt.device)
-                        wait = time.perf_counter() - t0
-                        loss, stats = self.task.loss(self.engine, item)
-                        self.engine.backward(loss)
-                        self.engine.step()
-                        window.add(item.real_tokens, item.flops, wait)
-                        for k, v in stats.items():  # stays on device: no sync until the log step
-                            train_stats[k] = train_stats.get(k, 0.0) + v.detach()
-                    self.state["global_step"] += 1
-                    self.state["step_in_epoch"] += 1
-                    window.steps += 1
+                    for k, v in self.train_step(it, window).items():
+                        train_stats[k] = train_stats.get(k, 0.0) + v
                     step = self.state["global_step"]
                     if step % s.log_every == 0:
-                        m = window.flush()
-                        totals = _all_sum({k: float(v) for k, v in train_stats.items()}, rt.device)
-                        m.update(self.task.summarize(totals, "train_"))
-                        m["lr"] = self.engine.get_lr()[0]
-                        gn = self.engine.get_global_grad_norm()
-                        if gn is not None:
-                            m["grad_norm"] = float(gn)
-                        m["peak_memory_gb"] = peak_memory_gb(rt.device)
-                        m["epoch"] = epoch
-                        self.tracker.metrics(m, step)
-                        self.last_metrics = m
-                        if rt.is_main:
-                            log.info("step %d %s", step, " ".join(f"{k}={v:.4g}" for k, v in sorted(m.items())))
+                        self._log_window(step, window, train_stats, epoch)
                         train_stats = {}
-                    if s.eval_every and step % s.eval_every == 0:
-                        last_eval = self.evaluate()
-                        self.tracker.metrics(last_eval, step)
-                        if rt.is_main and last_eval:
-                            log.info("step %d %s", step, " ".join(f"{k}={v:.4g}" for k, v in sorted(last_eval.items())))
-                        if self._early_stop(last_eval):
-                            status = "early_stopped"
-                        self._keep_if_best(last_eval, step)
-                    if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
-                        self.ckpt.save(self.engine, step, self.state)
-                        last_saved = step
+                    if self.validator.due(step) and self.validator.run(step):
+                        status = "early_stopped"
+                    self.checkpointer.maybe_save(self.engine, step, self.state)
                     if self.flag.agreed(rt.device):
                         status = "preempted"
-                    if status != "finished" or (self._max_steps() and step >= self._max_steps()):
+                    if status != "finished" or self._horizon_reached():
                         break
-                if status != "finished" or (self._max_steps() and self.state["global_step"] >= self._max_steps()):
-                    break
-                self.state["epoch"] += 1
-                self.state["step_in_epoch"] = 0
+                else:  # the epoch ran to its end
+                    self.state["epoch"] += 1
+                    self.state["step_in_epoch"] = 0
+                plan = None
             self._close(it)
             step = self.state["global_step"]
             if status == "preempted":
-                if last_saved != step:
-                    self.ckpt.save(self.engine, step, self.state)
+                self.checkpointer.save(self.engine, step, self.state)
                 if rt.is_main:
                     log.warning("preempted by %s: checkpoint at step %d, exiting for requeue",
                                 self.flag.signal_name or "a peer rank", step)
                 self.tracker.end("KILLED")
-                return TrainResult(status, step, None, last_eval)
-            if not last_eval or (s.eval_every and step % s.eval_every):
-                last_eval = self.evaluate()
-                self.tracker.metrics(last_eval, step)
-                self._keep_if_best(last_eval, step)
+                return TrainResult(status, step, None, self.validator.last)
+            metrics = self.validator.final(step)
             self.state["finished"] = True
-            self.ckpt.save(self.engine, step, self.state)  # marks the run finished for any restart
-            export_dir, version = self.export(step, last_eval)
+            self.checkpointer.save(self.engine, step, self.state, force=True)  # marks the run finished
+            export_dir, version = publish(self, step, metrics)
             self.tracker.end()
-            return TrainResult(status, step, export_dir, last_eval, version)
+            return TrainResult(status, step, export_dir, metrics, version)
         except BaseException:
             self._close(it)
             self.tracker.end("FAILED")
@@ -250,19 +295,33 @@ class Trainer:
         if shutdown is not None:
             shutdown()
 
-    def _early_stop(self, metrics: dict[str, float]) -> bool:
-        key, patience = self.task.eval_metric, self.cfg.schedule.early_stop_patience
-        if key not in metrics:
-            return False
-        v, best = metrics[key], self.state["best"]
-        better = best is None or (v < best if self.task.eval_mode == "min" else v > best)
-        if better:
-            self.state["best"], self.state["evals_without_improvement"] = v, 0
-            return False
-        self.state["evals_without_improvement"] += 1
-        return patience is not None and self.state["evals_without_improvement"] >= patience
+    # ---------------------------------------------------------------- provenance
+    def banner_facts(self, plan: BatchPlan) -> dict[str, Any]:
+        cfg, rt, s = self.cfg, self.rt, self.cfg.schedule
+        n_params = sum(p.numel() for p in self.model.parameters())
+        n_train = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        resume = (f"step {self.state['global_step']} (epoch {self.state['epoch']}, step {self.state['step_in_epoch']} "
+                  f"of the epoch)" if self.state["global_step"] else "fresh start")
+        manifest = Path(cfg.data.dataset_dir) / "manifest.json"
+        return {
+            "run": f"{cfg.run.name} ({self.task.name}, stage {cfg.run.stage}) -> {self.run_dir}",
+            "parameters": f"{n_params / 1e6:.2f}M ({n_train / 1e6:.2f}M trainable)",
+            "world size": f"{rt.world_size} ({rt.device.type})",
+            "ZeRO stage": cfg.deepspeed.zero_stage,
+            "precision": rt.precision,
+            "tokens per step": f"<= {s.batch_tokens * rt.world_size * s.grad_accum:,} "
+                               f"({s.batch_tokens:,} x {rt.world_size} ranks x {s.grad_accum} accumulation)",
+            "total steps": f"{self.step_log.total} ({plan.steps} per epoch x {s.epochs} epochs"
+                           f"{f', capped at max_steps {s.max_steps}' if s.max_steps else ''})",
+            "data": f"{cfg.data.dataset_dir}: {len(self.train_data):,} train / "
+                    f"{len(self.valid_data) if self.valid_data is not None else 0:,} valid documents, "
+                    f"manifest {self.manifest_hash() if manifest.is_file() else 'none'}",
+            "init": cfg.run.init or "random",
+            "resume": resume,
+            "checkpoints": f"{cfg.checkpoint_dir} every {cfg.checkpoint.every_steps or 'end-only'} steps, "
+                           f"keep {cfg.checkpoint.keep_last}",
+        }
 
-    # ---------------------------------------------------------------- export + registry
     def data_settings(self) -> dict[str, Any]:
         """How the training data was made (segmenter, limits, tokenizer): `summarize` redoes exactly this."""
         m = Path(self.cfg.data.dataset_dir) / "manifest.json"
@@ -274,70 +333,3 @@ class Trainer:
     def manifest_hash(self) -> str:
         m = Path(self.cfg.data.dataset_dir) / "manifest.json"
         return file_hash(m) if m.is_file() else "none"
-
-    def _keep_if_best(self, metrics: dict[str, float], step: int) -> None:
-        """Collective. Save full fp32 weights when this evaluation is among the best `keep_best`."""
-        n, key = self.cfg.checkpoint.keep_best, self.task.eval_metric
-        if n <= 0 or key not in metrics:
-            return
-        sign = 1.0 if self.task.eval_mode == "max" else -1.0
-        cands = self.state["candidates"]
-        ranked = sorted(cands, key=lambda c: -sign * c[0])
-        if len(ranked) >= n and sign * metrics[key] <= sign * ranked[n - 1][0]:
-            return
-        full = gather_fp32_state_dict(self.engine.module, "")
-        path = self.run_dir / "best" / f"step_{step:09d}.safetensors"
-        if self.rt.is_main:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            save_file({k: v.contiguous() for k, v in full.items()}, str(path))
-        ranked = sorted(cands + [[metrics[key], step, str(path)]], key=lambda c: -sign * c[0])
-        for _, _, old in ranked[n:]:
-            if self.rt.is_main:
-                Path(old).unlink(missing_ok=True)
-        self.state["candidates"] = ranked[:n]
-        if dist.is_initialized():
-            dist.barrier()
-
-    def _selected_weights(self) -> tuple[dict[str, torch.Tensor], list[int]]:
-        """Collective. The average of the kept best weights, or the current weights when none were kept."""
-        cands = [c for c in self.state["candidates"] if Path(c[2]).is_file()]
-        if not cands:
-            return gather_fp32_state_dict(self.engine.module, ""), []
-        if dist.is_initialized():
-            dist.barrier()
-        if not self.rt.is_main:
-            return {}, [c[1] for c in cands]
-        states = [load_file(c[2]) for c in cands]
-        avg = {k: sum(st[k] for st in states) / len(states) for k in states[0]}
-        return avg, [c[1] for c in cands]
-
-    def export(self, step: int, metrics: dict[str, float]) -> tuple[Path, str | None]:
-        full, steps = self._selected_weights()
-        out = self.run_dir / "export"
-        version = None
-        if self.rt.is_main:
-            from pretrain.tracking import git_commit
-
-            p = self.encoder_prefix
-            encoder = {k[len(p):]: v for k, v in full.items() if k.startswith(p)}
-            meta = {"stage": self.cfg.run.stage, "task": self.task.name, "step": step,
-                    "selected_steps": steps, "selection_metric": self.task.eval_metric,
-                    "init": self.cfg.run.init, "dataset_manifest": self.manifest_hash(),
-                    "config_hash": config_hash(self.cfg), "git_commit": git_commit(),
-                    "world_size": self.rt.world_size, "metrics": metrics,
-                    "mlflow_run_id": self.tracker.run_id, "data": self.data_settings()}
-            write_export(out, encoder, self.task.model_config(), self.train_data.tokenizer_path, meta)
-            self.task.write_export_extras(out, full)
-            self.tracker.artifacts(out, "export")
-            if self.cfg.tracking.register_model and self.tracker.run_id:
-                alias = self.task.registry_alias(self.cfg)
-                version = register_artifact_dir(
-                    self.tracker.uri, self.tracker.run_id, "export", self.task.registry_name(self.cfg), alias,
-                    tags={"stage": self.cfg.run.stage, "dataset_manifest": meta["dataset_manifest"],
-                          "git_commit": meta["git_commit"], "world_size": str(self.rt.world_size),
-                          "step": str(step)})
-                log.info("registered %s version %s (alias %s)", self.task.registry_name(self.cfg), version, alias)
-            (out / "registry.json").write_text(json.dumps({"version": version, "uri": self.tracker.uri}))
-        if dist.is_initialized():
-            dist.barrier()
-        return out, version

@@ -28,7 +28,8 @@ def test_recipe_with_section_includes_and_overrides(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("model: hibert_m\ndeepspeed: zero3\noptimizer: {lr: 2.0e-4}\n")
     cfg = load_config(recipe, ["model.hidden=1024", "model.heads=16", "optimizer.lr=1e-4",
-                               "optimizer.betas=[0.9, 0.98]", "schedule.decay=linear"])
+                               "optimizer.betas=[0.9, 0.98]", "schedule.decay=linear",
+                               "schedule.max_steps=20000"])
     assert cfg.model.hidden == 1024 and cfg.model.heads == 16 and cfg.model.layers == 6
     assert cfg.optimizer.lr == pytest.approx(1e-4)
     assert cfg.optimizer.betas == (0.9, 0.98)

@@ -115,7 +115,7 @@ def test_sigusr1_checkpoints_exits_for_requeue_and_resumes(tiny_data, tmp_path, 
     try:
         # wait until training runs (the first logged step), then preempt
         t0 = time.time()
-        while "step 2 " not in (tmp_path / "first.log").read_text(errors="replace"):
+        while "step 2/" not in (tmp_path / "first.log").read_text(errors="replace"):
             assert proc.poll() is None and time.time() - t0 < 240, (tmp_path / "first.log").read_text()[-3000:]
             time.sleep(0.2)
         proc.send_signal(signal.SIGUSR1)

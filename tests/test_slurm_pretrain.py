@@ -26,7 +26,7 @@ def test_pretrain_preempted_requeued_and_resumed(slurm_cluster, tiny_data, tmp_p
 
     def training() -> bool:
         assert slurm_cluster.show(job)["JobState"] in ("PENDING", "RUNNING"), log()
-        return re.search(r"pretrain\.trainer: step [5-9]\b", log()) is not None
+        return re.search(r"hibert\.train: step [5-9]/", log()) is not None
 
     slurm_cluster.wait_until("training to pass step 5", training, timeout=150)
     slurm_cluster.signal(job, "USR1", "--batch")

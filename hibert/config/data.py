@@ -27,11 +27,11 @@ class SourceConfig(Section):
 
 class TokenizerConfig(Section):
     model: str | None = None               # reuse an existing SentencePiece model (e.g. the open-domain one)
-    vocab_size: int = 32000
+    vocab_size: int = Field(32000, ge=16)  # 6 special pieces + at least a few real ones
     model_type: Literal["bpe", "unigram"] = "unigram"
     hard_vocab_limit: bool = True          # false: vocab_size is an upper bound (small samples)
-    sample_sentences: int = 1_000_000      # segmented train-split sentences the model is trained on
-    character_coverage: float = 0.9999
+    sample_sentences: int = Field(1_000_000, ge=1)  # segmented train-split sentences the model is trained on
+    character_coverage: float = Field(0.9999, gt=0.0, le=1.0)
     lowercase: bool = False                # nmt_nfkc_cf normalization instead of nmt_nfkc
 
 
@@ -41,16 +41,16 @@ class SegmenterConfig(Section):
     kind: Literal["neural", "spacy"] = "spacy"
     stanza_dir: str | None = None
     use_gpu: bool = False                  # neural only
-    batch_size: int = 256                  # documents per segmentation batch
+    batch_size: int = Field(256, ge=1)     # documents per segmentation batch
     # spacy kind: run the spaCy Language object stanza's variant builds instead of wrapping every token into
     # stanza Document objects (identical sentences and tokens, ~5x faster; the tests check the identity).
     fast: bool = True
 
 
 class OracleConfig(Section):
-    max_sentences: int = 3
+    max_sentences: int = Field(3, ge=1)
     method: Literal["greedy", "beam"] = "greedy"
-    beam_size: int = 5
+    beam_size: int = Field(5, ge=1)
 
 
 class DataConfig(Section):
@@ -63,13 +63,13 @@ class DataConfig(Section):
     max_sentence_tokens: int = Field(50, ge=1)   # HIBERT §4.1: truncate after 50 tokens
     max_doc_sentences: int = Field(30, ge=1)     # HIBERT §4.1: split longer documents into chunks
     max_doc_chars: int = Field(1_000_000, ge=1)  # longer raw documents are skipped ("too_long")
-    valid_fraction: float = Field(0.02, ge=0.0)
-    test_fraction: float = Field(0.02, ge=0.0)
+    valid_fraction: float = Field(0.02, ge=0.0, lt=1.0)
+    test_fraction: float = Field(0.02, ge=0.0, lt=1.0)
     dedup: bool = True                     # drop exact-duplicate documents (whitespace-normalized text)
-    num_shards: int | None = None          # None -> max(workers, input size / shard_size_mb)
+    num_shards: int | None = Field(None, ge=1)  # None -> max(workers, input size / shard_size_mb)
     shard_size_mb: float = Field(64.0, gt=0)     # input bytes on disk per shard (gzip: compressed)
     workers: int = Field(1, ge=1)
-    num_workers_loader: int = 2            # DataLoader workers during training
+    num_workers_loader: int = Field(2, ge=0)  # DataLoader workers during training (0 = in the trainer)
 
     @model_validator(mode="after")
     def _check(self) -> "DataConfig":

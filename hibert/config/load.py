@@ -166,10 +166,15 @@ def format_validation_error(err: ValidationError, origin: str) -> str:
             parent = ".".join(str(p) for p in loc[:-1])
             hint = f"; did you mean '{parent + '.' if parent else ''}{close[0]}'?" if close else ""
             lines.append(f"  {key}: unknown key{hint} (valid keys here: {', '.join(valid)})")
+        elif e["type"] == "value_error":  # our own validators name the keys themselves
+            msg = str(e["msg"]).removeprefix("Value error, ")
+            lines.append(f"  {msg}" if not key or msg.startswith(key) else f"  {key}: {msg}")
         else:
             got = e.get("input")
             got_s = "" if isinstance(got, dict) else f" (got {got!r})"
             lines.append(f"  {key or '<root>'}: {e['msg']}{got_s}")
+    if len(lines) == 2:  # one problem: one line
+        return f"{lines[0]} {lines[1].strip()}"
     return "\n".join(lines)
 
 

@@ -1,21 +1,21 @@
 """`model:` section — sizes of the hierarchical encoder and the masked-sentence decoder (HIBERT §3, §4.2)."""
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from hibert.config.base import Section
 
 
 class ModelConfig(Section):
-    name: str = "hibert_s"
-    vocab_size: int = 32000          # replaced by the tokenizer's size when a dataset is attached
-    hidden: int = 512                # H
-    layers: int = 6                  # L, for the sentence and the document encoder
-    heads: int = 8                   # A
-    ffn: int | None = None           # None -> 4 * hidden (paper)
-    decoder_layers: int | None = None  # None -> layers (paper: decoder has the encoder's size)
-    dropout: float = 0.1
-    max_positions: int = 512         # rows of the shared sinusoidal table (tokens and sentence positions)
+    name: str = Field("hibert_s", min_length=1)
+    vocab_size: int = Field(32000, ge=8)  # replaced by the tokenizer's size when a dataset is attached
+    hidden: int = Field(512, ge=2)   # H
+    layers: int = Field(6, ge=1)     # L, for the sentence and the document encoder
+    heads: int = Field(8, ge=1)      # A
+    ffn: int | None = Field(None, ge=1)  # None -> 4 * hidden (paper)
+    decoder_layers: int | None = Field(None, ge=1)  # None -> layers (paper: decoder has the encoder's size)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    max_positions: int = Field(512, ge=2)  # rows of the shared sinusoidal table (tokens and sentence positions)
     norm_first: bool = False         # False = post-LN as in Vaswani et al. (paper); True = pre-LN
     activation: Literal["relu", "gelu"] = "relu"
     tie_output_embeddings: bool = True
@@ -24,9 +24,7 @@ class ModelConfig(Section):
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
         if self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+            raise ValueError(f"model.hidden ({self.hidden}) must be divisible by model.heads ({self.heads})")
         return self
 
     @property

@@ -8,20 +8,20 @@ from hibert.config.base import Section
 
 
 class RunConfig(Section):
-    name: str = "hibert"
-    output_dir: str = "runs"               # each run writes under <output_dir>/<name>
+    name: str = Field("hibert", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a directory name under output_dir
+    output_dir: str = Field("runs", min_length=1)  # each run writes under <output_dir>/<name>
     stage: Literal["open-domain", "in-domain", "finetune", "none"] = "none"
     init: str | None = None                # models:/name@alias, a local export dir, or None (random)
-    seed: int = 1234
+    seed: int = Field(1234, ge=0)
 
 
 class TrackingConfig(Section):
     uri: str | None = None                 # None -> $MLFLOW_TRACKING_URI or sqlite:///<output_dir>/mlflow.db
-    experiment: str = "hibert"
-    registered_model: str = "hibert-encoder"
+    experiment: str = Field("hibert", min_length=1)
+    registered_model: str = Field("hibert-encoder", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     register_model: bool = True
     alias: str | None = Field(None, pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")  # None: the stage (pretrain), "finetuned"
-    peak_tflops: float | None = None       # per device; None -> guessed from the device name (MFU)
+    peak_tflops: float | None = Field(None, gt=0)  # per device; None -> guessed from the device name (MFU)
 
     @field_validator("alias")
     @classmethod

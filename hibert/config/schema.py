@@ -1,7 +1,7 @@
 """The one config schema. Every command reads a `Config`; every run saves it resolved next to its outputs."""
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from hibert.config.base import Section
 from hibert.config.data import DataConfig
@@ -27,6 +27,24 @@ class Config(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
+
+    @model_validator(mode="after")
+    def _cross_section(self) -> "Config":
+        """Rules that span sections; each names the keys involved."""
+        need = max(self.data.max_sentence_tokens + 1, self.data.max_doc_sentences)  # words + EOS; sentences
+        if self.model.max_positions < need:
+            raise ValueError(f"model.max_positions ({self.model.max_positions}) must cover "
+                             f"data.max_sentence_tokens + 1 ({self.data.max_sentence_tokens + 1}) and "
+                             f"data.max_doc_sentences ({self.data.max_doc_sentences})")
+        ds = self.deepspeed
+        if ds.offload_optimizer != "none" and ds.zero_stage == 0:
+            raise ValueError("deepspeed.offload_optimizer needs deepspeed.zero_stage >= 1")
+        if ds.offload_param != "none" and ds.zero_stage != 3:
+            raise ValueError("deepspeed.offload_param needs deepspeed.zero_stage=3")
+        if self.checkpoint.keep_best and self.schedule.eval_every == 0 and self.schedule.early_stop_patience:
+            raise ValueError("schedule.early_stop_patience needs schedule.eval_every > 0 (evaluations during "
+                             "training)")
+        return self
 
     @property
     def run_dir(self) -> Path:

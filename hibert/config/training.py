@@ -1,7 +1,7 @@
 """Training sections shared by pretraining and finetuning: objective, optimizer, schedule, deepspeed, checkpoint."""
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from hibert.config.base import Section
 
@@ -9,48 +9,61 @@ from hibert.config.base import Section
 class ObjectiveConfig(Section):
     kind: Literal["masked_sentence", "extractive"] = "masked_sentence"
     # masked-sentence pretraining (HIBERT §3.2)
-    select_ratio: float = 0.15
-    min_selected: int = 1
-    max_selected: int | None = None
-    mask_prob: float = 0.8
-    keep_prob: float = 0.1
-    random_prob: float = 0.1
-    label_smoothing: float = 0.0
+    select_ratio: float = Field(0.15, gt=0.0, le=1.0)
+    min_selected: int = Field(1, ge=0)
+    max_selected: int | None = Field(None, ge=1)
+    mask_prob: float = Field(0.8, ge=0.0, le=1.0)
+    keep_prob: float = Field(0.1, ge=0.0, le=1.0)
+    random_prob: float = Field(0.1, ge=0.0, le=1.0)
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
     # extractive finetuning (HIBERT §3.3)
-    top_k: int = 3
+    top_k: int = Field(3, ge=1)
     trigram_blocking: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> "ObjectiveConfig":
         total = self.mask_prob + self.keep_prob + self.random_prob
         if abs(total - 1.0) > 1e-6:
-            raise ValueError(f"mask_prob + keep_prob + random_prob must be 1, got {total}")
-        if not 0.0 < self.select_ratio <= 1.0:
-            raise ValueError("select_ratio must be in (0, 1]")
+            raise ValueError(f"objective.mask_prob + keep_prob + random_prob must be 1, got {total}")
+        if self.max_selected is not None and self.max_selected < self.min_selected:
+            raise ValueError(f"objective.max_selected ({self.max_selected}) must be >= objective.min_selected "
+                             f"({self.min_selected})")
         return self
 
 
+Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
+
+
 class OptimizerConfig(Section):
-    lr: float = 1e-4
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
+    lr: float = Field(1e-4, gt=0.0, le=10.0)
+    betas: tuple[Beta, Beta] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0.0)
+    weight_decay: float = Field(0.01, ge=0.0)
+    grad_clip: float = Field(1.0, ge=0.0)     # 0 = no clipping
 
 
 class ScheduleConfig(Section):
-    warmup_steps: int = 10_000
+    warmup_steps: int = Field(10_000, ge=0)
     decay: Literal["inverse_sqrt", "linear", "constant"] = "inverse_sqrt"
-    max_steps: int | None = None           # None -> epochs decide
-    epochs: int = 1
-    batch_tokens: int = 8192               # real tokens per micro-batch per rank
-    max_docs_per_batch: int = 256
-    grad_accum: int = 1
-    log_every: int = 10
-    eval_every: int = 1000
-    eval_batches: int | None = None        # None -> the whole validation split
-    early_stop_patience: int | None = None  # evaluations without improvement before stopping
-    seed: int = 1234
+    max_steps: int | None = Field(None, ge=1)  # None -> epochs decide
+    epochs: int = Field(1, ge=1)
+    batch_tokens: int = Field(8192, ge=1)  # real tokens per micro-batch per rank
+    max_docs_per_batch: int = Field(256, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    log_every: int = Field(10, ge=1)
+    eval_every: int = Field(1000, ge=0)    # 0 = evaluate only at the end
+    eval_batches: int | None = Field(None, ge=1)  # None -> the whole validation split
+    early_stop_patience: int | None = Field(None, ge=1)  # evaluations without improvement before stopping
+    seed: int = Field(1234, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "ScheduleConfig":
+        if self.decay == "linear" and self.max_steps is None:
+            raise ValueError("schedule.decay=linear needs a horizon: set schedule.max_steps")
+        if self.max_steps is not None and self.warmup_steps >= self.max_steps and self.decay == "linear":
+            raise ValueError(f"schedule.warmup_steps ({self.warmup_steps}) must be < schedule.max_steps "
+                             f"({self.max_steps}) for linear decay")
+        return self
 
 
 class DeepSpeedConfig(Section):
@@ -60,16 +73,44 @@ class DeepSpeedConfig(Section):
     offload_param: Literal["none", "cpu"] = "none"
     overlap_comm: bool = True
     contiguous_gradients: bool = True
-    reduce_bucket_size: int = 50_000_000
+    reduce_bucket_size: int = Field(50_000_000, ge=1)
     stage3_gather_16bit_weights_on_model_save: bool = False
     extra: dict[str, Any] = Field(default_factory=dict)  # merged last into the DeepSpeed JSON
+
+    @field_validator("extra")
+    @classmethod
+    def _check_extra(cls, extra: dict[str, Any]) -> dict[str, Any]:
+        """The keys the runtime derives itself must not be overridden behind its back: the loader makes
+        one token-budget micro-batch per "sample", and checkpoints record the accumulation."""
+        for key, ours in _DERIVED_DS_KEYS.items():
+            if key in extra:
+                raise ValueError(f"deepspeed.extra.{key} is set by the platform; use {ours} instead")
+        zero = extra.get("zero_optimization", {})
+        if not isinstance(zero, dict):
+            raise ValueError("deepspeed.extra.zero_optimization must be a mapping")
+        if "stage" in zero and zero["stage"] not in (0, 1, 2, 3):
+            raise ValueError(f"deepspeed.extra.zero_optimization.stage must be 0, 1, 2 or 3, got {zero['stage']!r} "
+                             "(prefer deepspeed.zero_stage)")
+        for k in ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size"):
+            v = zero.get(k)
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0):
+                raise ValueError(f"deepspeed.extra.zero_optimization.{k} must be a positive number, got {v!r}")
+        return extra
+
+
+_DERIVED_DS_KEYS = {
+    "train_batch_size": "schedule.batch_tokens and schedule.grad_accum",
+    "train_micro_batch_size_per_gpu": "schedule.batch_tokens",
+    "gradient_accumulation_steps": "schedule.grad_accum",
+    "gradient_clipping": "optimizer.grad_clip",
+}
 
 
 class CheckpointConfig(Section):
     dir: str | None = None                 # None -> <run dir>/checkpoints
-    every_steps: int = 1000
-    keep_last: int = 3
-    resume: str = "auto"                   # auto | never | <path to a checkpoint tag>
+    every_steps: int = Field(1000, ge=0)   # 0 = only at the end and on preemption
+    keep_last: int = Field(3, ge=1)        # complete checkpoints kept (0 would delete each one once written)
+    resume: str = Field("auto", min_length=1)  # auto | never | <path to a checkpoint tag>
     # Model selection: keep the weights of the best `keep_best` evaluations (by the task's validation
     # metric) and export their average (1 = export the single best). 0 = export the last weights.
-    keep_best: int = 1
+    keep_best: int = Field(1, ge=0)

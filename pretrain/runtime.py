@@ -1,0 +1,141 @@
+"""The runtime API every training command builds on (pretraining, extractive, abstractive, multi-document).
+
+A head is a `Task` (pretrain/task.py: model, micro-batches, loss, metrics, export extras, optimizer groups)
+plus a few lines of command code:
+
+    inputs = prepare_run(cfg)                 # ranks, logging, train/valid data, run.init resolved + checked
+    task = MyTask(cfg, ..., init_state=inputs.init.state if inputs.init else None)
+    return run_task(cfg, inputs, task, "finetune")   # Trainer.fit(); exit code 75 when preempted
+
+`relaunch(cfg, command, nproc)` starts the same command on N local ranks (`--nproc`). Everything else —
+DeepSpeed engine, token-budget batches, checkpoints and exact resume, preemption, evaluation cadence,
+model selection, MLflow, export and registry — is the `Trainer`'s, identical for every task.
+"""
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hibert.config import Config, save_resolved
+from hibert.config.model import ModelConfig
+from hibert.logs import setup_logging
+from pretrain.task import LoaderItem, ParamGroup, Task
+
+__all__ = ["InitModel", "LoaderItem", "ParamGroup", "RunInputs", "Task", "prepare_run", "relaunch", "run_task",
+           "load_init", "check_init_compatible"]
+
+log = logging.getLogger("hibert")
+
+
+@dataclass
+class InitModel:
+    """What `run.init` resolved to: an export directory's weights, model config and provenance."""
+    state: dict[str, Any]            # encoder weights (fp32 tensors)
+    model_cfg: ModelConfig
+    meta: dict[str, Any]             # export.json
+    local_dir: Path
+
+    def __iter__(self):              # (state, model config, meta, dir), as older callers unpack it
+        return iter((self.state, self.model_cfg, self.meta, self.local_dir))
+
+    def __getitem__(self, i: int):
+        return tuple(self)[i]
+
+
+@dataclass
+class RunInputs:
+    """What every training command sets up the same way before building its task."""
+    rt: Any                          # pretrain.engine.Runtime
+    train: Any                       # data_prep.DocumentDataset
+    valid: Any
+    init: InitModel | None
+    vocab_size: int
+
+
+def relaunch(cfg: Config, command: str, nproc: int) -> int:
+    """Re-run this command on `nproc` local ranks with the resolved config as the recipe."""
+    from pretrain.launch import launch_local
+
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    path = save_resolved(cfg, Path(tempfile.mkdtemp(prefix="launch-", dir=cfg.run_dir)))
+    return launch_local(nproc, ["-m", "hibert.cli", command, str(path)])
+
+
+def load_init(cfg: Config, rank: int = 0) -> InitModel | None:
+    """run.init -> the export it names, or None (random init).
+
+    Only rank 0 talks to the registry (concurrent first access to an sqlite store races on MLflow's
+    schema check); the other ranks read the same local copy, as the run directory is on a shared
+    filesystem (checkpoints need that too)."""
+    if not cfg.run.init:
+        return None
+    import torch.distributed as dist
+
+    from hibert.registry import resolve_model, tracking_uri
+    from pretrain.export import read_export
+
+    box = [None]
+    if rank == 0:
+        box = [str(resolve_model(cfg.run.init, tracking_uri(cfg.tracking.uri, cfg.run.output_dir),
+                                 cfg.run_dir / "init"))]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(box, src=0)
+    local = Path(box[0])
+    return InitModel(*read_export(local), local)
+
+
+def check_init_compatible(cfg: Config, init: InitModel, dataset_tokenizer: Path,
+                          keys: tuple[str, ...] = ("hidden", "layers", "heads", "ffn_dim", "num_decoder_layers")) -> None:
+    """Refuse an init encoder of another size or tokenizer than this run's (a silent mismatch would train
+    on garbage ids or fail deep inside load_state_dict)."""
+    from pretrain.trainer import file_hash
+
+    for k in keys:
+        if getattr(init.model_cfg, k) != getattr(cfg.model, k):
+            raise ValueError(f"run.init={cfg.run.init}: its model.{k}={getattr(init.model_cfg, k)} differs from "
+                             f"the configured model.{k}={getattr(cfg.model, k)}")
+    tok = Path(init.local_dir) / "tokenizer.model"
+    if tok.is_file() and file_hash(tok) != file_hash(dataset_tokenizer):
+        raise ValueError(f"run.init={cfg.run.init} was trained with another tokenizer than the dataset "
+                         f"{cfg.data.dataset_dir}; prepare the data with data.tokenizer.model={tok}")
+
+
+def prepare_run(cfg: Config, check_init: bool = True) -> RunInputs:
+    from data_prep import DocumentDataset
+    from pretrain.engine import init_distributed
+    from pretrain.masked_sentence import tokenizer_vocab_size
+
+    rt = init_distributed(cfg)
+    setup_logging(rt.rank)
+    train_data = DocumentDataset(cfg.data.dataset_dir, "train")
+    valid_data = DocumentDataset(cfg.data.dataset_dir, "valid")
+    init = load_init(cfg, rt.rank)
+    if init is not None and check_init:
+        check_init_compatible(cfg, init, train_data.tokenizer_path)
+    return RunInputs(rt, train_data, valid_data, init, tokenizer_vocab_size(train_data.tokenizer_path))
+
+
+def run_task(cfg: Config, inputs: RunInputs, task: Task, command: str) -> int:
+    """Train `task` with the shared Trainer; exit code 75 (requeue) when preempted."""
+    import torch.distributed as dist
+
+    from pretrain.dist_env import REQUEUE_EXIT_CODE
+    from pretrain.publish import NothingTrained
+    from pretrain.trainer import Trainer
+
+    try:
+        result = Trainer(cfg, task, inputs.rt, inputs.train, inputs.valid).fit()
+    except NothingTrained as e:
+        log.error("%s: %s", command, e)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return 1
+    if inputs.rt.is_main:
+        log.info("%s %s at step %d; export: %s; registered version: %s", command, result.status, result.step,
+                 result.export_dir, result.registered_version)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return REQUEUE_EXIT_CODE if result.status == "preempted" else 0

@@ -1,0 +1,97 @@
+"""Evaluation cadence, early stopping and model selection (keep the best `keep_best` evaluations' weights
+and export their average). Its state lives in the trainer's resumable state dict, so a resumed run
+continues the same patience count and candidate list."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+
+from pretrain.export import gather_fp32_state_dict
+
+
+class Validator:
+    def __init__(self, trainer, every: int, patience: int | None, keep_best: int):
+        self.trainer, self.every, self.patience, self.keep_best = trainer, every, patience, keep_best
+        self.task = trainer.task
+        self.last: dict[str, float] = {}
+        self.last_step = -1
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return self.trainer.state
+
+    def due(self, step: int) -> bool:
+        return bool(self.every) and step % self.every == 0
+
+    def run(self, step: int) -> bool:
+        """Collective. Evaluate, log, update the kept best weights; True = early stop."""
+        self.last, self.last_step = self.trainer.evaluate(), step
+        self.trainer.tracker.metrics(self.last, step)
+        self.trainer.step_log.eval(step, self.last)
+        stop = self._early_stop(self.last)
+        self._keep_if_best(self.last, step)
+        return stop
+
+    def final(self, step: int) -> dict[str, float]:
+        """Collective. The end-of-training evaluation, unless this step was just evaluated."""
+        if self.last_step != step:
+            self.last, self.last_step = self.trainer.evaluate(), step
+            self.trainer.tracker.metrics(self.last, step)
+            self.trainer.step_log.eval(step, self.last)
+            self._keep_if_best(self.last, step)
+        return self.last
+
+    def _better(self, value: float, than: float) -> bool:
+        return value < than if self.task.eval_mode == "min" else value > than
+
+    def _early_stop(self, metrics: dict[str, float]) -> bool:
+        key = self.task.eval_metric
+        if key not in metrics:
+            return False
+        v, best = metrics[key], self.state["best"]
+        if best is None or self._better(v, best):
+            self.state["best"], self.state["evals_without_improvement"] = v, 0
+            return False
+        self.state["evals_without_improvement"] += 1
+        return self.patience is not None and self.state["evals_without_improvement"] >= self.patience
+
+    def _keep_if_best(self, metrics: dict[str, float], step: int) -> None:
+        """Collective. Save full fp32 weights when this evaluation is among the best `keep_best`."""
+        n, key = self.keep_best, self.task.eval_metric
+        if n <= 0 or key not in metrics:
+            return
+        sign = 1.0 if self.task.eval_mode == "max" else -1.0
+        cands = self.state["candidates"]
+        ranked = sorted(cands, key=lambda c: -sign * c[0])
+        if len(ranked) >= n and sign * metrics[key] <= sign * ranked[n - 1][0]:
+            return
+        full = gather_fp32_state_dict(self.trainer.engine.module, "")
+        path = self.trainer.run_dir / "best" / f"step_{step:09d}.safetensors"
+        main = self.trainer.rt.is_main
+        if main:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_file({k: v.contiguous() for k, v in full.items()}, str(path))
+        ranked = sorted(cands + [[metrics[key], step, str(path)]], key=lambda c: -sign * c[0])
+        for _, _, old in ranked[n:]:
+            if main:
+                Path(old).unlink(missing_ok=True)
+        self.state["candidates"] = ranked[:n]
+        if dist.is_initialized():
+            dist.barrier()
+
+    def selected_weights(self) -> tuple[dict[str, torch.Tensor], list[int]]:
+        """Collective. The average of the kept best weights, or the current weights when none were kept."""
+        cands = [c for c in self.state["candidates"] if Path(c[2]).is_file()]
+        if not cands:
+            return gather_fp32_state_dict(self.trainer.engine.module, ""), []
+        if dist.is_initialized():
+            dist.barrier()
+        if not self.trainer.rt.is_main:
+            return {}, [c[1] for c in cands]
+        states = [load_file(c[2]) for c in cands]
+        avg = {k: sum(st[k] for st in states) / len(states) for k in states[0]}
+        return avg, [c[1] for c in cands]
