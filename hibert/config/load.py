@@ -27,9 +27,17 @@ class ConfigError(ValueError):
 
 
 def configs_root() -> Path:
-    """The shipped configs/ folder (override with $HIBERT_CONFIG_DIR)."""
+    """The shipped configs/ folder (override with $HIBERT_CONFIG_DIR): the source checkout's, or the copy
+    installed as the `configs` package when installed from a wheel."""
     env = os.environ.get("HIBERT_CONFIG_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "configs"
+    if env:
+        return Path(env)
+    checkout = Path(__file__).resolve().parents[2] / "configs"
+    if (checkout / "recipes").is_dir():
+        return checkout
+    from importlib.resources import files
+
+    return Path(str(files("configs")))
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
