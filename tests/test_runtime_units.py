@@ -1,0 +1,63 @@
+"""The runtime API: optimizer groups with their own lr and warmup, the operator's step lines, and the
+refusal to publish a run that took no optimizer step."""
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+
+from pretrain.publish import NothingTrained, publish
+from pretrain.step_log import StepLog, banner, metric_line
+
+
+def test_step_line_starts_with_progress_then_loss_and_has_eta():
+    log = StepLog(total_steps=200, start_step=100, enabled=False)
+    log.t0 -= 10.0  # 10 s for the 20 steps this process ran
+    line = log.line(120, {"lr": 1e-4, "tokens_per_s": 12345.6, "mfu": 0.4512, "train_ppl": 20.1,
+                          "train_loss": 3.0, "data_wait_fraction": 0.012, "grad_norm": 1.5})
+    assert line.startswith("step 120/200 train_loss=3 train_ppl=20.1 | tokens/s=12,346 mfu=45.1% data_wait=1.2%")
+    assert "lr=0.0001" in line and line.endswith("| eta 0m40s")  # 80 steps left at 0.5 s/step
+
+
+def test_metric_line_and_banner_are_plain_text():
+    assert metric_line({"valid_rouge": 0.31, "valid_loss": 2.0}) == "valid_loss=2 valid_rouge=0.31"
+    text = banner({"world size": 8, "ZeRO stage": 2})
+    assert "world size  8" in text and "ZeRO stage  2" in text
+
+
+def test_a_run_without_optimizer_steps_is_never_published():
+    trainer = SimpleNamespace(train_data=[], cfg=SimpleNamespace(schedule=SimpleNamespace(epochs=3)))
+    with pytest.raises(NothingTrained, match="no optimizer step was taken"):
+        publish(trainer, 0, {})
+
+
+CHILD = textwrap.dedent("""
+    import torch
+    from hibert.config import load_config
+    from pretrain.engine import build_engine, init_distributed
+    from pretrain.schedule import lr_multiplier
+    from pretrain.task import ParamGroup
+
+    cfg = load_config(None, ["optimizer.lr=0.01", "schedule.warmup_steps=4", "deepspeed.zero_stage=1"])
+    rt = init_distributed(cfg)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    groups = [ParamGroup("encoder", list(model[0].parameters()), 0.0, lr_scale=0.1, warmup_steps=2),
+              ParamGroup("decoder", list(model[1].parameters()), 0.0)]
+    engine = build_engine(cfg, model, rt, groups)
+    for step in range(5):
+        want = [0.01 * 0.1 * lr_multiplier(step, 2, "inverse_sqrt", None),
+                0.01 * lr_multiplier(step, 4, "inverse_sqrt", None)]
+        got = engine.get_lr()
+        assert all(abs(a - b) < 1e-12 for a, b in zip(got, want)), (step, got, want)
+        engine.backward(model(torch.randn(3, 4)).sum())
+        engine.step()
+    print("ok")
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_two_param_groups_have_their_own_lr_and_warmup_in_deepspeed(tmp_path):
+    out = subprocess.run([sys.executable, "-c", CHILD], cwd=tmp_path, capture_output=True, text=True, timeout=110)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
