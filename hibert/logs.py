@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 
 LEVEL_ENV = "HIBERT_LOG_LEVEL"
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -29,3 +30,6 @@ def setup_logging(rank: int = 0) -> None:
     third_party = logging.DEBUG if level <= logging.DEBUG else logging.WARNING
     for name in NOISY:
         logging.getLogger(name).setLevel(third_party)
+    if level > logging.DEBUG:  # DeepSpeed's own calls of torch APIs it has not migrated yet, once per step
+        warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
+        warnings.filterwarnings("ignore", message=r".*reduce_scatter_tensor.* is deprecated", category=FutureWarning)
