@@ -57,6 +57,7 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
     from finetune.evaluation import (chunk_to_doc_scores, documents, evaluate_systems, tune_selection,
                                      write_report)
     from finetune.inference import load_extractive, score_split
+    from hibert.redact import redact_uri
     from hibert.registry import resolve_model, tracking_uri
     from pretrain.trainer import file_hash
 
@@ -81,7 +82,7 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
     scores = chunk_to_doc_scores(test, score_split(model, test, device))
     result = evaluate_systems(docs, scores, k, tb, n_resamples=args.bootstrap)
     manifest = Path(cfg.data.dataset_dir) / "manifest.json"
-    report_meta = {"model": ref, "encoder_init": meta.get("init"), "dataset": str(cfg.data.dataset_dir),
+    report_meta = {"model": redact_uri(ref), "encoder_init": meta.get("init"), "dataset": str(cfg.data.dataset_dir),
                    "split": args.split, "k": k,
                    "trigram_blocking": tb, "dataset_manifest": file_hash(manifest) if manifest.is_file() else "none",
                    "finetune_run": meta.get("mlflow_run_id")}
@@ -101,12 +102,13 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
 def _log_to_mlflow(cfg: Config, uri: str, out: Path, result: dict, meta: dict) -> None:
     import mlflow
 
+    from hibert.redact import redact_uri
     from hibert.registry import ensure_experiment
 
     ensure_experiment(uri, cfg.tracking.experiment)
     with mlflow.start_run(run_name=f"{cfg.run.name}-evaluate-{meta['split']}"):
         mlflow.set_tags({"stage": "evaluate", "dataset_manifest": meta["dataset_manifest"],
-                         "model": meta["model"], "encoder_init": str(meta["encoder_init"])})
+                         "model": redact_uri(str(meta["model"])), "encoder_init": redact_uri(str(meta["encoder_init"]))})
         mlflow.log_params({"k": meta["k"], "trigram_blocking": meta["trigram_blocking"], "split": meta["split"]})
         for system, sc in result["systems"].items():
             mlflow.log_metrics({f"{system}_{m}": v["mean"] for m, v in sc.items()})

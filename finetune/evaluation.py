@@ -1,5 +1,6 @@
-"""Evaluation of extractive summaries: the model, Lead-3 and the oracle on the same documents, ROUGE
-with bootstrap CIs, k / trigram-blocking tuned on validation, and a Markdown + JSON + PNG report."""
+"""Evaluation of summaries: the model, Lead-3, the oracle and any other named system on the same documents,
+ROUGE with bootstrap CIs and paired differences, k / trigram-blocking tuned on validation (extractive), and a
+Markdown + JSON + PNG report."""
 from __future__ import annotations
 
 import json
@@ -77,26 +78,38 @@ def tune_selection(dataset, chunk_scores: dict[int, np.ndarray], ks=(1, 2, 3, 4,
     return {"k": best["k"], "trigram_blocking": best["trigram_blocking"], "grid": grid}
 
 
-def evaluate_systems(docs: list[Document], scores: dict[str, np.ndarray] | None, k: int, trigram_blocking: bool,
-                     n_resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """ROUGE (mean and 95% CI) of the model, Lead-3 and the oracle on the same documents."""
-    rouge = Rouge()
-    systems: dict[str, list[list[str]]] = {}
-    if scores is not None:
-        systems["model"] = system_summaries(docs, scores, k, trigram_blocking)
-    systems["lead3"] = [[d.sentences[j] for j in lead(d.sentences, 3)] for d in docs]
+def baseline_systems(docs: list[Document]) -> dict[str, list[list[str]]]:
+    """Lead-3 (the first three sentences) and, where labels exist, the extractive oracle."""
+    out = {"lead3": [[d.sentences[j] for j in lead(d.sentences, 3)] for d in docs]}
     if all(d.labels is not None for d in docs):
-        systems["oracle"] = [[d.sentences[j] for j in oracle_from_labels(d.labels)] for d in docs]
+        out["oracle"] = [[d.sentences[j] for j in oracle_from_labels(d.labels)] for d in docs]
+    return out
+
+
+def score_systems(docs: list[Document], systems: dict[str, list[list[str]]], n_resamples: int = 1000,
+                  seed: int = 0, primary: str = "model") -> dict[str, Any]:
+    """ROUGE (mean and 95% CI) of every system on the same documents, and the paired bootstrap of the
+    `primary` system against each other one (F1 of the headline metrics)."""
+    rouge = Rouge()
     refs = [d.references for d in docs]
     per_doc = {name: rouge.score_corpus(s, refs) for name, s in systems.items()}
     results = {name: summarize_scores(v, n_resamples, seed) for name, v in per_doc.items()}
-    # the model against each baseline on the same documents (F1 of the headline metrics)
-    paired = {f"model-{base}": {m: paired_bootstrap(per_doc["model"][m], per_doc[base][m], n_resamples, seed)
-                                for m in HEADLINE}
-              for base in ("lead3", "oracle") if "model" in per_doc and base in per_doc}
+    paired = {f"{primary}-{other}": {m: paired_bootstrap(per_doc[primary][m], per_doc[other][m], n_resamples, seed)
+                                     for m in HEADLINE}
+              for other in per_doc if primary in per_doc and other != primary}
     return {"num_documents": len(docs), "systems": results, "summaries": systems, "paired": paired,
             "per_document": {name: {m: v[m].round(4).tolist() for m in HEADLINE} for name, v in per_doc.items()},
             "doc_ids": [d.doc_id for d in docs], "multi_reference": any(len(r) > 1 for r in refs)}
+
+
+def evaluate_systems(docs: list[Document], scores: dict[str, np.ndarray] | None, k: int, trigram_blocking: bool,
+                     n_resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """ROUGE (mean and 95% CI) of the extractive model, Lead-3 and the oracle on the same documents."""
+    systems: dict[str, list[list[str]]] = {}
+    if scores is not None:
+        systems["model"] = system_summaries(docs, scores, k, trigram_blocking)
+    systems.update(baseline_systems(docs))
+    return score_systems(docs, systems, n_resamples, seed)
 
 
 def write_report(out_dir: Path, result: dict[str, Any], docs: list[Document], meta: dict[str, Any]) -> dict[str, Path]:
@@ -109,14 +122,14 @@ def write_report(out_dir: Path, result: dict[str, Any], docs: list[Document], me
     out_dir.mkdir(parents=True, exist_ok=True)
     systems = result["systems"]
     payload = {"meta": meta, "num_documents": result["num_documents"], "scores": systems,
-               "paired": result.get("paired", {}),
+               "paired": result.get("paired", {}), "abstractiveness": result.get("abstractiveness", {}),
                "per_document": {"doc_ids": result.get("doc_ids", []), **result.get("per_document", {})},
                "rouge_implementation": "rouge-score (Porter stemmer on; ROUGE-Lsum on newline-split sentences); "
                                        "not the Perl ROUGE-1.5.5",
                "multi_reference": "max over references per document" if result["multi_reference"] else "single"}
     (out_dir / "report.json").write_text(json.dumps(payload, indent=1))
 
-    lines = [f"# Extractive summarization report", "",
+    lines = [f"# {meta.get('task', 'extractive').capitalize()} summarization report", "",
              f"- documents: {result['num_documents']}",
              *[f"- {k}: {v}" for k, v in meta.items()],
              f"- ROUGE: {payload['rouge_implementation']}; F1 x 100 with bootstrap 95% CI over documents",
@@ -133,6 +146,13 @@ def write_report(out_dir: Path, result: dict[str, Any], docs: list[Document], me
             cells = [f"{by_metric[m]['diff']:+.2f} [{by_metric[m]['low']:+.2f}, {by_metric[m]['high']:+.2f}] "
                      + format_p(by_metric[m]["p_value"], by_metric[m]["resamples"]) for m in HEADLINE]
             lines.append(f"| {pair} | " + " | ".join(cells) + " |")
+    if result.get("abstractiveness"):
+        cols = list(next(iter(result["abstractiveness"].values())))
+        lines += ["", "What the summaries are made of (novel n-grams: % of the summary's n-grams absent from the "
+                  "source; repeated 3-grams: % repeating an earlier 3-gram of the same summary):", "",
+                  "| system | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+        for name, stats in result["abstractiveness"].items():
+            lines.append(f"| {name} | " + " | ".join(f"{stats[c]:.1f}" for c in cols) + " |")
     lines += ["", "## Examples", ""]
     for i in range(min(3, len(docs))):
         lines += [f"### {docs[i].doc_id}", ""]

@@ -12,16 +12,31 @@ from typing import Any
 DEFAULT_DB = "mlflow.db"
 
 
-def tracking_uri(configured: str | None, output_dir: str | Path = "runs") -> str:
-    """Config value, else $MLFLOW_TRACKING_URI, else a local sqlite file under the output dir."""
+def tracking_uri(configured: str | None, output_dir: str | Path = "runs", create: bool = True) -> str:
+    """Config value, else $MLFLOW_TRACKING_URI, else a local sqlite file under the output dir.
+
+    `create=True` (training: the run is about to write there) makes the default store's directory;
+    readers that must leave the disk alone (`hibert registry list|show`) pass `create=False`."""
     if configured:
         return configured
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
         return env
     db = Path(output_dir).resolve() / DEFAULT_DB
-    db.parent.mkdir(parents=True, exist_ok=True)
+    if create:
+        db.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{db}"
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a `sqlite:///` URI (None for servers and other databases, and for
+    in-memory sqlite). MLflow creates that file, and its tables, as soon as a client touches it."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    if not path or path == ":memory:":
+        return None
+    return Path(path)
 
 
 def client(uri: str) -> Any:

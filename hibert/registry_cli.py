@@ -1,11 +1,17 @@
-"""`hibert registry list|show` — what is in the MLflow model registry."""
+"""`hibert registry list|show` — what is in the MLflow model registry.
+
+Read-only: a sqlite store that does not exist is reported, never created (MLflow would create the file
+and its tables on first touch). A target that names a missing model, alias or version is an error
+(exit 1) that says what does exist. Printed URIs have their credentials masked.
+"""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 
-from hibert.registry import list_versions, tracking_uri
+from hibert.redact import redact_uri
+from hibert.registry import list_versions, sqlite_path, tracking_uri
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,8 +24,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def _err(msg: str) -> int:
+    print(f"hibert registry: {msg}", file=sys.stderr)
+    return 1
+
+
+def _is_missing(e: Exception) -> bool:
+    return getattr(e, "error_code", None) == "RESOURCE_DOES_NOT_EXIST" or "RESOURCE_DOES_NOT_EXIST" in str(e)
+
+
 def run(args: argparse.Namespace) -> int:
-    uri = tracking_uri(args.uri, args.output_dir)
+    uri = tracking_uri(args.uri, args.output_dir, create=False)
+    shown = redact_uri(uri)
     name, alias, version = args.target, None, None
     if name and "@" in name:
         name, alias = name.split("@", 1)
@@ -28,26 +44,49 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "show" and not name:
         print("hibert registry show: give a model name, e.g. hibert-encoder@in-domain", file=sys.stderr)
         return 2
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():
+        msg = f"no registered models: no MLflow store at {db}; runs create it"
+        if args.action == "show" or name:
+            return _err(f"{args.target!r} not found: no MLflow store at {db}; runs create it")
+        print(json.dumps([]) if args.json else msg)
+        return 0
     try:
         rows = list_versions(uri, name)
     except Exception as e:  # mlflow raises its own exception types for unknown models
-        print(f"hibert registry: {e}", file=sys.stderr)
-        return 1
+        if name and _is_missing(e):
+            try:
+                others = sorted({r["name"] for r in list_versions(uri)})
+            except Exception:
+                others = []
+            return _err(f"no registered model {name!r} at {shown} "
+                        f"(registered: {', '.join(others) if others else 'none'})")
+        return _err(redact_uri(str(e)))
     if alias:
+        known = sorted({a for r in rows for a in r["aliases"]})
         rows = [r for r in rows if alias in r["aliases"]]
+        if not rows:
+            return _err(f"model {name!r} has no alias {alias!r} "
+                        f"(aliases: {', '.join(known) if known else 'none'}) at {shown}")
     if version:
+        known_v = [r["version"] for r in rows]
         rows = [r for r in rows if r["version"] == version]
+        if not rows:
+            return _err(f"model {name!r} has no version {version!r} "
+                        f"(versions: {', '.join(known_v) if known_v else 'none'}) at {shown}")
+    if name and not rows:
+        return _err(f"model {name!r} has no versions at {shown}")
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps([{**r, "source": redact_uri(r["source"])} for r in rows], indent=2))
         return 0
     if not rows:
-        print(f"no registered models at {uri}")
+        print(f"no registered models at {shown}")
         return 0
     for r in rows:
         aliases = ",".join(r["aliases"]) or "-"
         print(f"{r['name']:<22} v{r['version']:<4} aliases={aliases:<22} run={r['run_id']}")
         if args.action == "show":
-            print(f"    source: {r['source']}")
+            print(f"    source: {redact_uri(r['source'])}")
             for k, v in sorted(r["tags"].items()):
-                print(f"    {k}: {v}")
+                print(f"    {k}: {redact_uri(v) if isinstance(v, str) else v}")
     return 0

@@ -3,15 +3,37 @@
 Layout under the checkpoint dir:
     step_000001000/            DeepSpeed tag (model/optimizer/scheduler shards from every rank)
         rng_rank00000.safetensors ...   per-rank RNG state
-        COMPLETE.json          written by rank 0 after EVERY rank finished: step, world size, client
-                               state, and the size of every file in the tag
-A tag without COMPLETE.json, or whose files no longer match the recorded sizes (truncated copy, disk
-full), is skipped on resume with a warning; the newest good one wins. Only the last `keep_last` complete
-tags are kept. Training state we need (step, epoch, consumed micro-batches, seeds, MLflow run id, config
-hash) lives in COMPLETE.json, so resuming reads it without unpickling anything of ours.
+        COMPLETE.json          written by rank 0 after EVERY rank finished: the writer's format
+                               ("hibert-checkpoint/1"), step, world size, client state, and for every
+                               file in the tag its size and a sha256 of its first and last 1 MiB
+    step_000001000_universal/  DeepSpeed universal format of that tag (made when resuming on another
+                               world size), with its own marker naming the source marker's sha256
+
+DeepSpeed loads its shards with pickle (torch.load weights_only=False), so a tag is only loaded when its
+marker is one this platform wrote and still describes the directory: a tag without a marker, with a
+marker lacking our format (another tool, an older version), with a file missing, unlisted, of another
+size (truncated copy, disk full) or with another head/tail fingerprint (a file swapped or rewritten) is
+skipped on resume with the reason; the newest good one wins, and an explicit `checkpoint.resume=` that
+fails the check is an error naming the reason. When only foreign-marker tags are there, resuming is an
+error too (not a silent fresh start over them): `checkpoint.resume=never` starts over on purpose.
+
+Why head+tail and not a full hash: shards are multi-GB (Adam state is ~12 bytes per parameter), and rank
+0 fingerprints every file on each save (all ranks wait) and on each resume; a full sha256 would read the
+whole checkpoint twice per save/resume, while 2 MiB per file is constant. It is still meaningful for
+torch files: torch.save writes the pickle program (`data.pkl`, what runs on load) as the zip's first
+record and the zip directory (names, offsets, CRC-32 of every record) at the end, so both are covered,
+together with the exact size. This guards against loading what our jobs did not write by accident
+(foreign or stale directories, partial copies, swapped shards); it is not a signature: whoever can write
+the checkpoint dir can also write a matching marker, so that directory must be writable only by the
+jobs' owner (see README, "Resume and preemption").
+
+Only the last `keep_last` tags with our marker are kept (others are never deleted). Training state we
+need (step, epoch, consumed micro-batches, seeds, MLflow run id, config hash) lives in COMPLETE.json,
+so resuming reads it without unpickling anything of ours.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -28,6 +50,10 @@ log = logging.getLogger(__name__)
 MARKER = "COMPLETE.json"
 PREFIX = "step_"
 UNIVERSAL = "_universal"
+FORMAT = "hibert-checkpoint/1"          # who wrote the marker; markers without it are refused
+FINGERPRINT = "sha256-head-tail-1MiB"   # how `fingerprints` are computed (recorded in the marker)
+_EDGE = 1 << 20
+NOT_OURS = "marker not written by this platform"
 
 
 @dataclass
@@ -41,12 +67,62 @@ def tag_for(step: int) -> str:
     return f"{PREFIX}{step:09d}"
 
 
+def _files(tag_dir: Path) -> list[Path]:
+    # .nfs* are NFS silly-rename leftovers of deleted-while-open files, not checkpoint content
+    return [p for p in sorted(tag_dir.rglob("*"))
+            if p.is_file() and p.name not in (MARKER, MARKER + ".tmp") and not p.name.startswith(".nfs")]
+
+
 def _file_sizes(tag_dir: Path) -> dict[str, int]:
-    return {str(p.relative_to(tag_dir)): p.stat().st_size
-            for p in sorted(tag_dir.rglob("*")) if p.is_file() and p.name != MARKER}
+    return {str(p.relative_to(tag_dir)): p.stat().st_size for p in _files(tag_dir)}
+
+
+def fingerprint(path: Path) -> str:
+    """sha256 of the size and the first and last 1 MiB (the whole file when it is at most 2 MiB)."""
+    size = path.stat().st_size
+    h = hashlib.sha256(size.to_bytes(8, "little"))
+    with open(path, "rb") as f:
+        if size <= 2 * _EDGE:
+            h.update(f.read())
+        else:
+            h.update(f.read(_EDGE))
+            f.seek(size - _EDGE)
+            h.update(f.read(_EDGE))
+    return h.hexdigest()
+
+
+def marker_for(tag_dir: Path, **fields: Any) -> dict[str, Any]:
+    """The marker this platform writes for `tag_dir` as it is now: our format, `fields` (step,
+    world_size, state, ...), every file's size and fingerprint."""
+    sizes = _file_sizes(tag_dir)
+    return {"format": FORMAT, **fields, "files": sizes, "fingerprint": FINGERPRINT,
+            "fingerprints": {rel: fingerprint(tag_dir / rel) for rel in sizes}}
+
+
+def write_marker(tag_dir: Path, **fields: Any) -> Path:
+    """Atomically write `marker_for(tag_dir, **fields)` as the tag's COMPLETE.json."""
+    tmp = tag_dir / (MARKER + ".tmp")
+    tmp.write_text(json.dumps(marker_for(tag_dir, **fields), indent=1))
+    tmp.replace(tag_dir / MARKER)
+    return tag_dir / MARKER
+
+
+def _read_marker(tag_dir: Path) -> dict[str, Any] | None:
+    try:
+        meta = json.loads((tag_dir / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _ours(tag_dir: Path) -> bool:
+    """Cheap: the marker claims our format (no file checks; `verify` does those)."""
+    meta = _read_marker(tag_dir)
+    return meta is not None and meta.get("format") == FORMAT
 
 
 def verify(tag_dir: Path) -> tuple[bool, str]:
+    """(True, "ok") when `tag_dir` holds exactly what our marker recorded; else (False, why)."""
     marker = tag_dir / MARKER
     if not marker.is_file():
         return False, "no completion marker (the save did not finish on every rank)"
@@ -54,12 +130,28 @@ def verify(tag_dir: Path) -> tuple[bool, str]:
         meta = json.loads(marker.read_text())
     except (OSError, json.JSONDecodeError) as e:
         return False, f"unreadable marker: {e}"
-    for rel, size in meta.get("files", {}).items():
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        return False, (f"{NOT_OURS} (format {found!r}, expected {FORMAT!r}; an older version or another "
+                       f"tool): its pickled shards are not loaded")
+    files, prints = meta.get("files"), meta.get("fingerprints")
+    if not isinstance(files, dict) or not isinstance(prints, dict) or meta.get("fingerprint") != FINGERPRINT \
+            or set(files) != set(prints) or not files:
+        return False, "marker has no file list with fingerprints"
+    for rel, size in files.items():
         f = tag_dir / rel
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            return False, f"marker lists a path outside the tag: {rel}"
         if not f.is_file():
             return False, f"missing file {rel}"
         if f.stat().st_size != size:
             return False, f"{rel} has {f.stat().st_size} bytes, expected {size} (truncated?)"
+    unlisted = sorted(set(_file_sizes(tag_dir)) - set(files))
+    if unlisted:
+        return False, f"files not in the marker: {unlisted[:5]}"
+    for rel, want in prints.items():
+        if fingerprint(tag_dir / rel) != want:
+            return False, f"{rel} does not match its recorded fingerprint (rewritten or swapped?)"
     return True, "ok"
 
 
@@ -91,32 +183,38 @@ class CheckpointManager:
         save_rng_state(tag_dir / f"rng_rank{self.rank:05d}.safetensors")
         dist.barrier()  # every rank's shards are on disk before the marker says so
         if self.rank == 0:
-            meta = {"step": step, "world_size": self.world, "state": state, "files": _file_sizes(tag_dir)}
-            tmp = tag_dir / (MARKER + ".tmp")
-            tmp.write_text(json.dumps(meta, indent=1))
-            tmp.replace(tag_dir / MARKER)
+            write_marker(tag_dir, step=step, world_size=self.world, state=state)
             self._prune()
         dist.barrier()
         return tag_dir
 
     def _prune(self) -> None:
-        good = [t for t in complete_tags(self.root) if (t / MARKER).is_file()]
+        # only tags our marker claims count and are deleted: a foreign directory is neither trusted
+        # nor removed (and cannot push our own newest tags out of the keep-last window)
+        good = [t for t in complete_tags(self.root) if _ours(t)]
         for old in good[self.keep_last:]:
             shutil.rmtree(old, ignore_errors=True)
 
-    def candidates(self) -> list[Resumable]:
-        """Verified resumable tags, newest first (rank 0 decides, everyone gets the same list)."""
+    def _verified(self) -> tuple[list[Resumable], dict[str, str]]:
+        """Verified resumable tags newest first, and why the others were skipped (rank 0 decides,
+        every rank gets the same answer)."""
         found: list[Resumable] = []
+        skipped: dict[str, str] = {}
         if self.rank == 0:
             for t in complete_tags(self.root):
                 ok, why = verify(t)
                 if ok:
                     found.append(Resumable(t.name, t, json.loads((t / MARKER).read_text())["state"]))
                 else:
+                    skipped[t.name] = why
                     log.warning("checkpoint %s skipped: %s", t, why)
-        box = [[(r.tag, str(r.path), r.state) for r in found]]
+        box = [[(r.tag, str(r.path), r.state) for r in found], skipped]
         dist.broadcast_object_list(box, src=0)
-        return [Resumable(tag, Path(p), s) for tag, p, s in box[0]]
+        return [Resumable(tag, Path(p), s) for tag, p, s in box[0]], box[1]
+
+    def candidates(self) -> list[Resumable]:
+        """Verified resumable tags, newest first (rank 0 decides, everyone gets the same list)."""
+        return self._verified()[0]
 
     def _load_universal(self, engine, c: Resumable):
         """Another world size: convert the tag to DeepSpeed's universal format once (rank 0), then load
@@ -125,7 +223,15 @@ class CheckpointManager:
         import sys
 
         target = self.root / f"{c.tag}{UNIVERSAL}"
-        if self.rank == 0 and not (target / MARKER).is_file():
+        source_marker = hashlib.sha256((c.path / MARKER).read_bytes()).hexdigest() if self.rank == 0 else ""
+        reuse = False
+        if self.rank == 0 and (target / MARKER).is_file():
+            ok, why = verify(target)
+            reuse = ok and (_read_marker(target) or {}).get("source_marker_sha256") == source_marker
+            if not reuse:
+                log.warning("universal checkpoint %s not reused (%s); converting again", target,
+                            why if not ok else f"made from another {c.tag}")
+        if self.rank == 0 and not reuse:
             shutil.rmtree(target, ignore_errors=True)
             log.info("converting %s (world size %s) to a universal checkpoint for world size %d",
                      c.path, c.state.get("world_size"), self.world)
@@ -134,7 +240,7 @@ class CheckpointManager:
                                   "--num_merge_workers", "1"], capture_output=True, text=True)
             if out.returncode != 0:
                 raise RuntimeError(f"universal conversion of {c.path} failed: {out.stderr[-2000:]}")
-            (target / MARKER).write_text(json.dumps({"from": c.tag}))
+            write_marker(target, source=c.tag, source_marker_sha256=source_marker)
         dist.barrier()
         engine._config.load_universal_checkpoint = True
         try:
@@ -145,11 +251,19 @@ class CheckpointManager:
 
     def resume(self, engine, explicit: str | None = None) -> Resumable | None:
         """Load the newest good checkpoint (or `explicit`). Collective. Returns None when there is none."""
-        cands = self.candidates()
+        cands, skipped = self._verified()
         if explicit:
             cands = [c for c in cands if c.tag == Path(explicit).name or str(c.path) == explicit]
             if not cands:
-                raise FileNotFoundError(f"checkpoint.resume={explicit!r} is not a complete checkpoint in {self.root}")
+                why = skipped.get(Path(explicit).name)
+                raise FileNotFoundError(f"checkpoint.resume={explicit!r} is not a complete checkpoint in {self.root}"
+                                        + (f": {why}" if why else ""))
+        foreign = sorted(t for t, why in skipped.items() if why.startswith(NOT_OURS))
+        if not cands and foreign:  # e.g. tags of a version before markers named their writer: never
+            # unpickle them, and never silently start over on top of them either
+            raise RuntimeError(f"the checkpoints in {self.root} ({foreign}) were not written by this platform "
+                               f"(no {FORMAT!r} marker): resume them with the version that wrote them, move them "
+                               f"away, or set checkpoint.resume=never to start over")
         for c in cands:
             ok = 1
             try:

@@ -1,4 +1,8 @@
-"""MLflow on rank 0: one run per training job (kept across resumes), params, metrics, artifacts, tags."""
+"""MLflow on rank 0: one run per training job (kept across resumes), params, metrics, artifacts, tags.
+
+Params are the flattened config with credentials masked (`hibert.redact`): tracking URIs with
+user:password, `slurm.env` tokens and `export SECRET=...` setup lines never reach the tracking server.
+"""
 from __future__ import annotations
 
 import logging
@@ -7,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hibert.config import Config, config_to_dict
+from hibert.redact import redact_config_dict, redact_uri
 from hibert.registry import ensure_experiment, tracking_uri
 
 log = logging.getLogger(__name__)
@@ -31,6 +36,11 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
+def config_params(cfg: Config) -> dict[str, str]:
+    """What `Tracker.start` logs as MLflow params: the flattened config, secrets masked."""
+    return _flatten(redact_config_dict(config_to_dict(cfg)))
+
+
 class Tracker:
     """No-op on ranks other than 0."""
 
@@ -49,8 +59,8 @@ class Tracker:
         run = mlflow.start_run(run_id=run_id, run_name=None if run_id else self.cfg.run.name)
         self.run_id = run.info.run_id
         if run_id is None:
-            mlflow.log_params(_flatten(config_to_dict(self.cfg)))
-        mlflow.set_tags({**tags, "git_commit": git_commit()})
+            mlflow.log_params(config_params(self.cfg))
+        mlflow.set_tags({k: redact_uri(str(v)) for k, v in {**tags, "git_commit": git_commit()}.items()})
         return self.run_id
 
     def metrics(self, values: dict[str, float], step: int) -> None:

@@ -9,7 +9,7 @@ import torch
 
 from hibert.tokens import MASK_ID
 from pretrain.batching import doc_costs, plan_epoch
-from pretrain.checkpoint import MARKER, verify
+from pretrain.checkpoint import MARKER, verify, write_marker
 from hibert.config.training import ObjectiveConfig
 from pretrain.objective import KEEP, MASK, RANDOM, mask_document, num_selected, other_document_sentence
 from pretrain.rng_state import load_rng_state, save_rng_state
@@ -145,7 +145,7 @@ def test_checkpoint_verify_detects_missing_marker_and_truncation(tmp_path):
     tag.mkdir()
     (tag / "a.pt").write_bytes(b"x" * 100)
     assert verify(tag)[0] is False  # no marker: the save did not complete
-    (tag / MARKER).write_text(json.dumps({"step": 10, "files": {"a.pt": 100}, "state": {}}))
+    write_marker(tag, step=10, world_size=1, state={})
     assert verify(tag) == (True, "ok")
     (tag / "a.pt").write_bytes(b"x" * 50)
     ok, why = verify(tag)
