@@ -3,6 +3,13 @@
 The stages are the recipe's `slurm.pipeline` — the same chain `hibert submit` sends to Slurm — run here
 as local subprocesses (training with 2 CPU ranks). A finished stage leaves a marker and is reused on the
 next run unless --fresh; a failure names the stage and its log file.
+
+Encoders pass between stages through registry aliases. In the demo's own store (`<output_dir>/mlflow.db`)
+nothing else registers, so the stages keep the plain aliases (open-domain, in-domain, finetuned). When the
+stages log to a shared store (`tracking.uri`, `$MLFLOW_TRACKING_URI`), the demo is a chain like
+`hibert submit`'s (slurm/chain.py): its stages register and read `<alias>-<chain id>`, and the id is kept
+in `<output_dir>/.stages/chain.json` so that a rerun still reuses finished stages. An init from outside the
+chain is not pinned here: the stages start right away.
 """
 from __future__ import annotations
 
@@ -25,6 +32,34 @@ def stage_key(argv: list[str]) -> str:
     return hashlib.sha256(json.dumps(argv).encode()).hexdigest()[:16]
 
 
+def chain_overrides(root: Path, recipe: Path, pipeline: list, extra: list[str],
+                    run_name: str) -> dict[str, list[str]]:
+    """Per stage, the overrides that make the hand-offs per-chain; none while every training stage logs to
+    the demo's own store."""
+    from hibert.redact import redact_uri
+    from hibert.registry import DEFAULT_DB
+    from slurm.chain import TRAINING, ChainError, StageInput, link, new_chain_id, store_uri
+
+    inputs = [StageInput(st, load_config(recipe if st.recipe is None else st.recipe, [*extra, *st.overrides]))
+              for st in pipeline]
+    own = f"sqlite:///{root.resolve() / DEFAULT_DB}"
+    shared = sorted({store_uri(i.cfg) for i in inputs if i.stage.command in TRAINING} - {own})
+    if not shared:
+        return {}
+    marker = root / ".stages" / "chain.json"
+    chain_id = json.loads(marker.read_text())["chain_id"] if marker.is_file() else None
+    if chain_id is None:
+        chain_id = new_chain_id(run_name)
+        marker.write_text(json.dumps({"chain_id": chain_id}))
+    print(f"[demo] shared tracking store {', '.join(redact_uri(u) for u in shared)}: chain {chain_id} "
+          f"(aliases <alias>-{chain_id})", flush=True)
+    try:
+        links = link(inputs, chain_id, {st.name for st in pipeline}, continuing=False)
+    except ChainError as e:
+        raise SystemExit(f"[demo] {e}") from None
+    return {name: ln.overrides for name, ln in links.items()}
+
+
 def run_stages(cfg: Config, recipe: Path, nproc: int, fresh: bool, extra: list[str]) -> list[dict]:
     from slurm.stages import default_pipeline
 
@@ -34,12 +69,14 @@ def run_stages(cfg: Config, recipe: Path, nproc: int, fresh: bool, extra: list[s
     (root / "logs").mkdir(parents=True, exist_ok=True)
     (root / ".stages").mkdir(parents=True, exist_ok=True)
     pipeline = cfg.slurm.pipeline or default_pipeline(cfg)
+    chain = chain_overrides(root, recipe, pipeline, extra, cfg.run.name)
     rows = []
     for st in pipeline:
         if st.command in LOCAL_SKIP:
             continue
         stage_recipe = recipe if st.recipe is None else st.recipe
-        argv = [sys.executable, "-m", "hibert.cli", st.command, str(stage_recipe), *extra, *st.overrides]
+        argv = [sys.executable, "-m", "hibert.cli", st.command, str(stage_recipe), *extra, *st.overrides,
+                *chain.get(st.name, [])]
         if st.command in ("pretrain", "finetune") and nproc > 1:
             argv += ["--nproc", str(nproc)]
         marker = root / ".stages" / f"{st.name}.json"
@@ -192,6 +229,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  report:       {r.with_suffix('.md')}  (chart: {r.parent / 'rouge.png'})")
     if curves:
         print(f"  loss curves:  {curves}")
+    from hibert.redact import redact_uri
+    from hibert.registry import tracking_uri
+
+    uri = tracking_uri(cfg.tracking.uri, root, create=False)
+    if uri != f"sqlite:///{(root / 'mlflow.db').resolve()}":  # a shared store: the chain's aliases are there
+        print(f"  registry:     {redact_uri(uri)}  (hibert registry list)")
+        return 0
     print(f"  registry:     hibert registry list --output-dir {root}")
     print(f"  MLflow UI:    .venv/bin/mlflow ui --backend-store-uri sqlite:///{(root / 'mlflow.db').resolve()} "
           f"--port 5000   (then open http://localhost:5000)")

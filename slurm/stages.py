@@ -3,20 +3,25 @@
 A stage is `hibert <command> <recipe> [overrides]` with per-command resource defaults: prep is a
 CPU job array with one shard per task, merge and evaluate are single tasks, pretrain and finetune
 take the section's nodes x GPUs. Stages hand encoders to each other through the registry, which is
-plain config: the in-domain stage runs with `run.init=models:/<registered_model>@open-domain`.
+plain config: the in-domain stage runs with `run.init=models:/<registered_model>@open-domain`, which the
+chain turns into its own alias (slurm/chain.py). Each job runs a snapshot of its stage's resolved config.
 """
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hibert.config import load_config
+from hibert.config import dump_yaml, load_config
 from hibert.config.load import configs_root
 from hibert.config.ops import SlurmConfig, SlurmResources, SlurmStage
 from hibert.config.schema import Config
+from hibert.redact import redact_uri
+from slurm.chain import ChainError, Link, StageInput, check_chain_id, check_summaries, link, new_chain_id, \
+    resolve_version, selected_after
 from slurm.render import JobSpec, Raw
 
 # Per-command resources applied before the stage's own `resources:`.
@@ -34,6 +39,37 @@ class PlannedJob:
     stage: SlurmStage
     spec: JobSpec
     after: list[str]          # names of selected stages this one waits for (afterok)
+    config: Config            # the stage's resolved config: what its snapshot holds and its job runs
+    snapshot: Path            # where the job reads it (`hibert <command> <snapshot>`)
+    source: list[str]         # `hibert <command> <recipe> [overrides]` as the recipe gave it
+    link: Link                # the chain's aliases: what the stage registers and reads
+
+
+@dataclass(frozen=True)
+class Chain:
+    id: str
+    jobs: list[PlannedJob]
+    snapshot_dir: Path
+
+    def notes(self) -> list[str]:
+        """One line per stage that registers or reads an encoder."""
+        lines = []
+        for j in self.jobs:
+            ln, parts = j.link, []
+            if ln.reads:
+                if ln.pinned_from:
+                    how = f"{ln.pinned_from} pinned at submit time"
+                elif ln.pin:
+                    how = ("registered by stage " + ln.reads_from + " of this chain, not submitted now"
+                           if ln.reads_from else "not pinned (--no-pin): resolved when the job starts")
+                else:
+                    how = f"registered by stage {ln.reads_from}" if ln.reads_from else ""
+                parts.append(f"reads {ln.reads}" + (f" ({how})" if how else ""))
+            if ln.registers:
+                parts.append(f"registers {ln.registers}")
+            if parts:
+                lines.append(f"{j.stage.name:<16} " + "; ".join(parts))
+        return lines
 
 
 def default_pipeline(cfg: Config) -> list[SlurmStage]:
@@ -88,40 +124,96 @@ def stage_command(cli: list[str], stage: SlurmStage, recipe: Path | None, overri
     return words
 
 
+def snapshot_path(snapshot_dir: Path, stage: str) -> Path:
+    """`<dir>/<stage>.yaml`, or `<stage>.<n>.yaml` when a continued chain already holds one: a snapshot
+    a queued job may still read is never overwritten."""
+    path, n = snapshot_dir / f"{stage}.yaml", 2
+    while path.exists():
+        path, n = snapshot_dir / f"{stage}.{n}.yaml", n + 1
+    return path
+
+
 def plan(cfg: Config, recipe: str | None, user_overrides: list[str], out_dir: Path, workdir: Path,
-         only: list[str] | None = None) -> list[PlannedJob]:
-    """The jobs to submit, in order. `only` picks stages by name; a dependency on a stage left out
-    is dropped (that stage is taken as done). Every stage's config is loaded here, so a bad override
-    fails before anything is submitted."""
+         only: list[str] | None = None, chain_id: str | None = None, continuing: bool = False,
+         pin: bool = True, snapshot_root: Path | None = None) -> Chain:
+    """The chain to submit, its jobs in order. `only` picks stages by name; a dependency on a stage left
+    out is replaced by what that stage waited for (it is taken as done). Every stage's config is loaded
+    here, so a bad override fails before anything is submitted; the chain's aliases are applied, inits
+    that are not the chain's are pinned to a registry version (`pin`), and each job runs
+    `hibert <command> <snapshot>` with its resolved config in `<snapshot_root>/<chain id>/` (default root:
+    `out_dir`; the caller writes the files, `write_snapshots`).
+
+    `chain_id`: continue that chain (`continuing`, `hibert submit --chain`) or name a new one; None: a new id."""
     slurm = cfg.slurm
     stages = slurm.pipeline or default_pipeline(cfg)
     names = [s.name for s in stages]
     unknown = [n for n in only or [] if n not in names]
     if unknown:
         raise ValueError(f"unknown stages {unknown}; this recipe's stages: {names}")
-    selected = [s for s in stages if only is None or s.name in only]
+    selected = {s.name for s in stages if only is None or s.name in only}
+    chain_id = check_chain_id(chain_id) if chain_id else new_chain_id(cfg.run.name)
+    snapshot_dir = Path(snapshot_root or out_dir) / chain_id
     recipe_path = find_recipe(recipe) if recipe else None
     cli = cli_words(slurm)
-    jobs: list[PlannedJob] = []
-    for stage in selected:
-        i = names.index(stage.name)
+    sources: dict[str, tuple[Path | None, list[str]]] = {}
+    inputs: list[StageInput] = []
+    for stage in stages:  # all of them: a left-out stage still tells which aliases belong to the chain
         if stage.recipe:
             path = find_recipe(stage.recipe, recipe_path.parent if recipe_path else None)
             overrides = list(stage.overrides)  # the submit line's overrides belong to the submitted recipe
         else:
             path, overrides = recipe_path, [*user_overrides, *stage.overrides]
-        stage_cfg = load_config(path, overrides)  # raises ConfigError with the stage's key and file
+        sources[stage.name] = (path, overrides)
+        inputs.append(StageInput(stage, load_config(path, overrides)))  # ConfigError names the key and file
+    links = link(inputs, chain_id, selected, continuing)
+    after = selected_after(stages, selected)
+    jobs: list[PlannedJob] = []
+    for stage in stages:
+        if stage.name not in selected:
+            continue
+        path, overrides = sources[stage.name]
+        ln = links[stage.name]
+        if ln.pin and pin:
+            uri, name, alias = ln.pin
+            try:
+                version = resolve_version(uri, name, alias)
+            except ChainError as e:
+                hint = "" if ln.reads_from else " (--no-pin: leave it to be resolved when the job starts)"
+                raise ChainError(f"stage {stage.name}: {e}{hint}") from None
+            ln.pinned_from = f"models:/{name}@{alias}" if alias != "latest" else f"models:/{name}/latest"
+            ln.reads = f"models:/{name}/{version}"
+            ln.overrides.append(f"run.init={ln.reads}")
+        stage_cfg = load_config(path, [*overrides, *ln.overrides])
+        check_summaries(stage, stage_cfg)
+        # the job does not read the recipe's pipeline, and its run.init strings would only mislead
+        stage_cfg = stage_cfg.model_copy(update={"slurm": stage_cfg.slurm.model_copy(update={"pipeline": []})})
         shards = slurm.prep_shards or stage_cfg.data.num_shards or 1
-        wanted = stage.after if stage.after is not None else names[i - 1:i]
-        after = [a for a in wanted if only is None or a in only]
         res = stage_resources(slurm, stage)
         array = None
         if stage.command == "prep":
             array = f"0-{shards - 1}" + (f"%{slurm.array_parallelism}" if slurm.array_parallelism else "")
+        snapshot = snapshot_path(snapshot_dir, stage.name)
+        source = ["hibert", "prep" if stage.command == "prep-merge" else stage.command,
+                  *([str(path)] if path else []), *overrides, *(["--merge"] if stage.command == "prep-merge" else [])]
         spec = JobSpec(
             name=f"{cfg.run.name}-{stage.name}",
-            command=stage_command(cli, stage, path, overrides, shards),
+            command=stage_command(cli, stage, snapshot, [], shards),
             resources=res, log_dir=out_dir, workdir=workdir, array=array,
-            description=f"stage {stage.name}: hibert {stage.command} {path or '(defaults)'}")
-        jobs.append(PlannedJob(stage, spec, after))
-    return jobs
+            description=redact_uri(f"stage {stage.name} of chain {chain_id}: {shlex.join(source)}"))
+        jobs.append(PlannedJob(stage, spec, after[stage.name], stage_cfg, snapshot, source, ln))
+    return Chain(chain_id, jobs, snapshot_dir)
+
+
+def write_snapshots(chain: Chain) -> None:
+    """Each stage's resolved config, as its job will run it (private: it may hold tracking credentials,
+    like every run's config.resolved.yaml)."""
+    chain.snapshot_dir.mkdir(parents=True, exist_ok=True)
+    for job in chain.jobs:
+        header = (f"# hibert submit: stage {job.stage.name} of chain {chain.id}, resolved at submit time from\n"
+                  f"#   {redact_uri(shlex.join(job.source))}\n"
+                  "# The job runs this file: editing the recipe changes nothing here (slurm.pipeline left out).\n")
+        tmp = job.snapshot.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(header + dump_yaml(job.config))
+        tmp.replace(job.snapshot)

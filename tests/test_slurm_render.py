@@ -1,6 +1,7 @@
 """Rendered sbatch scripts and `hibert submit --dry-run` (no Slurm needed)."""
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,11 @@ from hibert.config import ConfigError, load_config
 from hibert.config.ops import SlurmResources
 from slurm.render import JobSpec, Raw, render_job, sbatch_options
 from slurm.stages import plan
+
+
+@pytest.fixture(autouse=True)
+def _dry_run_snapshots_in_tmp_path(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
 def spec(**res) -> JobSpec:
@@ -90,30 +96,43 @@ def test_bad_stage_resources_fail_at_load_time():
 
 
 def test_default_chain(tmp_path):
-    cfg = load_config("giga-cm", ["slurm.prep_shards=16", "slurm.array_parallelism=4"])
-    jobs = plan(cfg, "giga-cm", ["slurm.prep_shards=16", "slurm.array_parallelism=4"], tmp_path, tmp_path)
+    overrides = ["run.name=base", "slurm.nodes=4", "slurm.gpus_per_node=8", "slurm.cpus_per_task=12",
+                 "slurm.prep_shards=16", "slurm.array_parallelism=4"]
+    chain = plan(load_config(None, overrides), None, overrides, tmp_path, tmp_path, chain_id="base-c1")
+    jobs = chain.jobs
     assert [(j.stage.name, j.after) for j in jobs] == [
         ("prep", []), ("prep-merge", ["prep"]), ("pretrain-open", ["prep-merge"]),
         ("pretrain-in", ["pretrain-open"]), ("finetune", ["pretrain-in"]), ("evaluate", ["finetune"])]
-    by = {j.stage.name: j.spec for j in jobs}
-    assert by["prep"].array == "0-15%4"
-    prep = render_job(by["prep"])
+    by = {j.stage.name: j for j in jobs}
+    assert by["prep"].spec.array == "0-15%4"
+    prep = render_job(by["prep"].spec)
     assert "--shard-index \"$SLURM_ARRAY_TASK_ID\"" in prep and "--num-shards 16" in prep
     assert "--output=" + str(tmp_path) + "/%x-%A_%a.out" in header(prep) and "--gpus" not in prep
-    assert "--merge --num-shards 16" in render_job(by["prep-merge"])
-    pre = header(render_job(by["pretrain-open"]))
+    assert "--merge --num-shards 16" in render_job(by["prep-merge"].spec)
+    pre = header(render_job(by["pretrain-open"].spec))
     assert {"--nodes=4", "--ntasks-per-node=8", "--gpus-per-node=8", "--cpus-per-task=12"} <= set(pre)
-    # each stage its own run (no resuming another stage's checkpoints), the encoder handed on by alias
-    assert "run.name=giga-cm-open-in-domain" in by["pretrain-in"].command
-    assert "run.init=models:/hibert-encoder@open-domain" in by["pretrain-in"].command
-    assert "run.init=models:/hibert-encoder@in-domain" in by["finetune"].command
-    assert {"--nodes=1", "--gpus-per-node=1", "--ntasks-per-node=1"} <= set(header(render_job(by["evaluate"])))
+    # every job runs its snapshot, nothing else: `hibert <command> <out-dir>/<chain id>/<stage>.yaml`
+    for j in jobs:
+        assert j.snapshot == tmp_path / "base-c1" / f"{j.stage.name}.yaml"
+        sub = "prep" if j.stage.command == "prep-merge" else j.stage.command
+        assert j.spec.command[3:5] == [sub, str(j.snapshot)], j.spec.command
+    # each stage its own run (no resuming another stage's checkpoints), the encoder handed on by the chain's alias
+    cfgs = {n: j.config for n, j in by.items()}
+    assert cfgs["pretrain-in"].run.name == "base-in-domain-base-c1"  # per chain: never another chain's run dir
+    assert cfgs["evaluate"].run.name == cfgs["finetune"].run.name
+    assert cfgs["pretrain-open"].tracking.alias == "open-domain-base-c1"
+    assert cfgs["pretrain-in"].run.init == "models:/hibert-encoder@open-domain-base-c1"
+    assert cfgs["pretrain-in"].tracking.alias == "in-domain-base-c1"
+    assert cfgs["finetune"].run.init == "models:/hibert-encoder@in-domain-base-c1"
+    assert cfgs["finetune"].tracking.alias == "finetuned-base-c1"
+    assert cfgs["prep"].tracking.alias is None and cfgs["evaluate"].tracking.alias is None
+    assert {"--nodes=1", "--gpus-per-node=1", "--ntasks-per-node=1"} <= set(header(render_job(by["evaluate"].spec)))
 
 
 def test_prep_array_follows_data_num_shards(tmp_path):
     cases = [([], "0-0"), (["data.num_shards=5"], "0-4"), (["data.num_shards=5", "slurm.prep_shards=3"], "0-2")]
     for overrides, array in cases:
-        jobs = plan(load_config(None, overrides), None, overrides, tmp_path, tmp_path, ["prep", "prep-merge"])
+        jobs = plan(load_config(None, overrides), None, overrides, tmp_path, tmp_path, ["prep", "prep-merge"]).jobs
         assert jobs[0].spec.array == array
         assert jobs[1].spec.command[-2:] == ["--num-shards", str(int(array.split("-")[1]) + 1)]
 
@@ -150,33 +169,68 @@ def stage_blocks(out: str) -> dict[str, str]:
     return {parts[i]: (parts[i + 1], parts[i + 2]) for i in range(1, len(parts), 3)}
 
 
+def snapshot_dir(out: str) -> Path:
+    m = re.search(r"^# chain (\S+) \(dry run: snapshots in (\S+),", out, flags=re.M)
+    assert m, out[:500]
+    return Path(m.group(2))
+
+
+def srun_line(block: str) -> str:
+    return next(line for line in block.splitlines() if line.startswith("srun"))
+
+
 def test_submit_dry_run_prints_the_chain(tmp_path, capsys):
     recipe = write_recipe(tmp_path)
-    assert main(["submit", str(recipe), "model.hidden=64", "--dry-run", "--out-dir", str(tmp_path / "o")]) == 0
+    assert main(["submit", str(recipe), "model.hidden=96", "--dry-run", "--out-dir", str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
     blocks = stage_blocks(out)
     assert list(blocks) == ["prep", "prep-cnndm", "merge", "merge-cnndm", "open", "in", "evaluate"]
     assert {k: v[0] for k, v in blocks.items()} == {
         "prep": "none", "prep-cnndm": "none", "merge": "prep", "merge-cnndm": "prep-cnndm", "open": "merge",
         "in": "open, merge-cnndm", "evaluate": "in"}
+    snaps = snapshot_dir(out)
+    assert snaps.parent.name.startswith("hibert-submit-dry-run-") and snaps.name.startswith("chain-")
     cnndm = str((tmp_path / "cnndm.yaml").resolve())
-    open_srun = next(line for line in blocks["open"][1].splitlines() if line.startswith("srun"))
-    assert f"hibert pretrain {recipe.resolve()} model.hidden=64 run.stage=open-domain &" in open_srun
+    # the job runs the snapshot; the comment keeps the command it was resolved from
+    assert srun_line(blocks["open"][1]).endswith(f"hibert pretrain {snaps / 'open.yaml'} &")
+    assert f"hibert pretrain {recipe.resolve()} model.hidden=96 run.stage=open-domain\n" in blocks["open"][1]
+    assert srun_line(blocks["prep"][1]).endswith(
+        f"hibert prep {snaps / 'prep.yaml'} --num-shards 3 --shard-index \"$SLURM_ARRAY_TASK_ID\" &")
+    open_cfg = load_config(snaps / "open.yaml")
+    assert open_cfg.model.hidden == 96 and open_cfg.run.stage == "open-domain"
     in_block = blocks["in"][1]
     # a stage with its own recipe gets only its own overrides; resources are the stage's
-    assert f"hibert pretrain {cnndm} run.stage=in-domain run.init=models:/hibert-encoder@open-domain &" in in_block
+    assert f"hibert pretrain {cnndm} run.stage=in-domain run.init=models:/hibert-encoder@open-domain\n" in in_block
+    in_cfg = load_config(snaps / "in.yaml")
+    assert in_cfg.model.hidden != 96 and in_cfg.run.name == f"cnndm-{snaps.name}"
+    assert in_cfg.run.init == f"models:/hibert-encoder@{open_cfg.tracking.alias}"
+    assert open_cfg.tracking.alias == f"open-domain-{snaps.name}" and in_cfg.tracking.alias == f"in-domain-{snaps.name}"
     assert "#SBATCH --nodes=1" in in_block and "#SBATCH --time=04:00:00" in in_block
     assert "#SBATCH --nodes=2" in blocks["open"][1] and "#SBATCH --gpus-per-node=4" in blocks["open"][1]
     assert "#SBATCH --array=0-2" in blocks["prep"][1]
     assert "source /opt/venv/bin/activate" in blocks["evaluate"][1]
-    assert not (tmp_path / "o").exists()  # a dry run writes nothing
+    assert not (tmp_path / "o").exists()  # a dry run writes nothing to the out-dir
 
 
 def test_submit_stage_subset_drops_dependencies_on_left_out_stages(tmp_path, capsys):
     recipe = write_recipe(tmp_path)
-    assert main(["submit", str(recipe), "--dry-run", "--stages", "in,evaluate"]) == 0
-    blocks = stage_blocks(capsys.readouterr().out)
+    # `in` reads what the left-out `open` registers: which chain's? Refused without --chain
+    assert main(["submit", str(recipe), "--dry-run", "--stages", "in,evaluate"]) == 2
+    err = capsys.readouterr().err
+    assert "stage in reads models:/hibert-encoder@open-domain, which stage open registers" in err and "--chain" in err
+    assert main(["submit", str(recipe), "--dry-run", "--stages", "in,evaluate", "--chain", "chain-x1", "--no-pin"]) == 0
+    out = capsys.readouterr().out
+    blocks = stage_blocks(out)
     assert {k: v[0] for k, v in blocks.items()} == {"in": "none", "evaluate": "in"}
+    assert load_config(snapshot_dir(out) / "in.yaml").run.init == "models:/hibert-encoder@open-domain-chain-x1"
+
+
+def test_left_out_stage_is_taken_as_done_but_what_it_waited_for_still_comes_first(tmp_path, capsys):
+    recipe = write_recipe(tmp_path)
+    assert main(["submit", str(recipe), "--dry-run", "--stages", "prep,open,evaluate"]) == 0
+    blocks = stage_blocks(capsys.readouterr().out)
+    # open waited for merge (left out), which waited for prep; evaluate waited for in (left out) <- open
+    assert {k: v[0] for k, v in blocks.items()} == {"prep": "none", "open": "prep", "evaluate": "open"}
 
 
 def test_submit_reports_bad_stage_names_and_overrides(tmp_path, capsys):
@@ -188,3 +242,71 @@ def test_submit_reports_bad_stage_names_and_overrides(tmp_path, capsys):
                                                            "overrides": ["model.hiden=3"]}]}}))
     assert main(["submit", str(bad), "--dry-run"]) == 2
     assert "model.hidden" in capsys.readouterr().err  # the stage's config is validated before submitting
+
+
+def test_paper_recipe_gives_each_stage_its_own_data(capsys):
+    """giga-cm (Zhang et al. 2019, §4): open-domain pretraining on GIGA-CM (Gigaword + CNN/DM train),
+    in-domain pretraining and finetuning on CNN/DM only, one tokenizer."""
+    assert main(["submit", "giga-cm", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    snaps = snapshot_dir(out)
+    assert list(stage_blocks(out)) == ["prep-giga-cm", "prep-giga-cm-merge", "prep-cnndm", "prep-cnndm-merge",
+                                       "pretrain-open", "pretrain-in", "finetune", "evaluate"]
+    cfg = {n: load_config(snaps / f"{n}.yaml") for n in stage_blocks(out)}
+
+    def formats(name: str) -> list[tuple[str, str | None]]:
+        return [(s.format, s.split) for s in cfg[name].data.sources]
+
+    giga_cm = [("gigaword", "train"), ("cnndm", "train"), ("cnndm", "valid")]
+    cnndm = [("cnndm", "train"), ("cnndm", "valid"), ("cnndm", "test")]
+    assert formats("prep-giga-cm") == formats("pretrain-open") == giga_cm
+    for stage in ("prep-cnndm", "pretrain-in", "finetune", "evaluate"):
+        assert formats(stage) == cnndm, stage
+    assert cfg["pretrain-open"].data.dataset_dir != cfg["pretrain-in"].data.dataset_dir
+    assert cfg["pretrain-in"].data.dataset_dir == cfg["finetune"].data.dataset_dir == cfg["evaluate"].data.dataset_dir
+    # CNN/DM is encoded with the tokenizer trained on GIGA-CM
+    assert cfg["prep-cnndm"].data.tokenizer.model == f"{cfg['prep-giga-cm'].data.output}/tokenizer.model"
+    assert cfg["prep-giga-cm"].data.tokenizer.model is None
+    # the paper's hyper-parameters (§4.2)
+    for stage in ("pretrain-open", "pretrain-in", "finetune"):
+        c = cfg[stage]
+        assert (c.model.hidden, c.model.layers, c.model.heads, c.model.dropout) == (768, 6, 12, 0.1), stage
+        assert (c.optimizer.betas, c.optimizer.weight_decay, c.schedule.decay) == ((0.9, 0.999), 0.01, "inverse_sqrt")
+    for stage in ("pretrain-open", "pretrain-in"):
+        assert (cfg[stage].optimizer.lr, cfg[stage].schedule.warmup_steps) == (1e-4, 10000)
+    assert cfg["pretrain-open"].schedule.epochs == 45 and cfg["pretrain-in"].schedule.epochs == 200
+    ft = cfg["finetune"]
+    assert (ft.optimizer.lr, ft.schedule.max_docs_per_batch, ft.schedule.warmup_steps, ft.schedule.epochs) == \
+        (5e-5, 32, 4000, 5)
+    assert "#SBATCH --gpus-per-node=1" in stage_blocks(out)["finetune"][1]
+    assert cfg["evaluate"].run.name == ft.run.name != cfg["pretrain-in"].run.name
+    # and the encoders go open -> in -> finetune through this chain's aliases
+    assert cfg["pretrain-in"].run.init == f"models:/hibert-encoder@{cfg['pretrain-open'].tracking.alias}"
+    assert ft.run.init == f"models:/hibert-encoder@{cfg['pretrain-in'].tracking.alias}"
+
+
+def test_finetuning_on_data_without_summaries_is_refused(tmp_path, capsys):
+    # the paper recipe as it was: no pipeline, so every stage (finetune too) reads Gigaword + CNN/DM
+    old = tmp_path / "old-giga-cm.yaml"
+    old.write_text(yaml.safe_dump({
+        "run": {"name": "giga-cm-open"},
+        "data": {"sources": [{"format": "gigaword", "path": "/data/gigaword/data/*/*.gz"},
+                             {"format": "cnndm", "path": "/data/cnndm/stories/*.story", "split": "train"}]}}))
+    for dry in (["--dry-run"], []):  # refused before anything is written or submitted
+        assert main(["submit", str(old), "--out-dir", str(tmp_path / "o"), *dry]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, err
+        assert "stage finetune (hibert finetune) needs documents with summaries" in err
+        assert "gigaword:/data/gigaword/data/*/*.gz (no summaries), cnndm:/data/cnndm/stories/*.story" in err
+    assert not (tmp_path / "o").exists()
+    # a pipeline stage whose own data lacks summaries: text, or jsonl without summary_field
+    text = ("{format: text, path: /data/plain.txt}", "text:/data/plain.txt (no summaries)")
+    jsonl = ("{format: jsonl, path: /data/a.jsonl}", "jsonl:/data/a.jsonl (no summaries)")
+    def finetune_on(source: str) -> str:
+        return f"slurm.pipeline=[{{name: finetune, command: finetune, overrides: ['data.sources=[{source}]']}}]"
+
+    for source, shown in (text, jsonl):
+        assert main(["submit", "giga-cm", "--dry-run", finetune_on(source)]) == 2
+        assert shown in capsys.readouterr().err
+    ok = "{format: jsonl, path: /a.jsonl, summary_field: s}"
+    assert main(["submit", "giga-cm", "--dry-run", finetune_on(ok)]) == 0

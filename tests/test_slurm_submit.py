@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from hibert.cli import main
+from hibert.config import load_config
 from slurm_helpers import slurm_cluster  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slurm
@@ -49,9 +50,11 @@ def calls(tmp_path) -> list[dict]:
 def test_submit_runs_the_default_chain_in_order(slurm_cluster, tmp_path, capsys):
     out_dir = tmp_path / "slurm"
     assert main(["submit", str(recipe(tmp_path)), "--out-dir", str(out_dir)]) == 0
-    ids = json.loads((out_dir / "jobs.json").read_text())
+    chain = json.loads((out_dir / "jobs.json").read_text())
+    ids = chain["jobs"]
     slurm_cluster.track(list(ids.values()))
     printed = capsys.readouterr().out
+    assert f"chain {chain['chain_id']}" in printed
     assert list(ids) == ["prep", "prep-merge", "pretrain-open", "pretrain-in", "finetune", "evaluate"]
     assert all(f"job {i}" in printed for i in ids.values())
     slurm_cluster.wait_done(ids["evaluate"], timeout=80)
@@ -66,7 +69,11 @@ def test_submit_runs_the_default_chain_in_order(slurm_cluster, tmp_path, capsys)
                                                                 for t in ("0", "1")}
     assert by_job["prep-merge"][0]["argv"][-3:] == ["--merge", "--num-shards", "2"]
     assert sorted(c["rank"] for c in by_job["pretrain-open"]) == ["0", "1"]  # nodes=2: one task per node
-    assert "run.init=models:/hibert-encoder@open-domain" in by_job["pretrain-in"][0]["argv"]
+    # every stage ran its snapshot; the in-domain one starts from this chain's open-domain encoder
+    argv = by_job["pretrain-in"][0]["argv"]
+    assert argv == ["pretrain", chain["stages"]["pretrain-in"]["snapshot"]]
+    assert load_config(argv[1]).run.init == f"models:/hibert-encoder@open-domain-{chain['chain_id']}"
+    assert load_config(by_job["pretrain-open"][0]["argv"][1]).tracking.alias == f"open-domain-{chain['chain_id']}"
     order = list(ids)
     for before, after in zip(order, order[1:]):  # afterok: a stage starts after its predecessor ended
         assert min(c["start"] for c in by_job[after]) >= max(c["end"] for c in by_job[before]), (before, after)
@@ -78,7 +85,7 @@ def test_failed_stage_cancels_the_rest_of_the_chain(slurm_cluster, tmp_path):
     rc = main(["submit", str(recipe(tmp_path, fail="pretrain-open")), "--out-dir", str(out_dir),
                "--stages", "pretrain-open,pretrain-in,finetune"])
     assert rc == 0
-    ids = json.loads((out_dir / "jobs.json").read_text())
+    ids = json.loads((out_dir / "jobs.json").read_text())["jobs"]
     slurm_cluster.track(list(ids.values()))
     assert slurm_cluster.wait_done(ids["pretrain-open"], timeout=40)["JobState"] == "FAILED"
     for stage in ("pretrain-in", "finetune"):  # --kill-on-invalid-dep: cancelled, not pending forever
