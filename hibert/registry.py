@@ -78,8 +78,8 @@ def ensure_experiment(uri: str, name: str) -> None:
 
 
 def register_artifact_dir(uri: str, run_id: str, artifact_path: str, name: str, alias: str | None,
-                          tags: dict[str, str] | None = None) -> str:
-    """Register `runs:/<run_id>/<artifact_path>` as a new version of `name`; point `alias` at it."""
+                          tags: dict[str, str] | None = None, also: list[str] | tuple[str, ...] = ()) -> str:
+    """Register `runs:/<run_id>/<artifact_path>` as a new version of `name`; point `alias` (and `also`) at it."""
     c = client(uri)
     try:
         c.get_registered_model(name)
@@ -87,8 +87,9 @@ def register_artifact_dir(uri: str, run_id: str, artifact_path: str, name: str, 
         c.create_registered_model(name)
     source = f"runs:/{run_id}/{artifact_path}"
     mv = c.create_model_version(name=name, source=source, run_id=run_id, tags=tags or {})
-    if alias:
-        c.set_registered_model_alias(name, alias, mv.version)
+    for a in dict.fromkeys([alias, *also]):
+        if a:
+            c.set_registered_model_alias(name, a, mv.version)
     return str(mv.version)
 
 

@@ -50,8 +50,10 @@ def publish(trainer, step: int, metrics: dict[str, float]) -> tuple[Path, str | 
             version = register_artifact_dir(
                 trainer.tracker.uri, trainer.tracker.run_id, "export", task.registry_name(cfg), alias,
                 tags={"stage": cfg.run.stage, "dataset_manifest": meta["dataset_manifest"],
-                      "git_commit": meta["git_commit"], "world_size": str(rt.world_size), "step": str(step)})
-            log.info("registered %s version %s (alias %s)", task.registry_name(cfg), version, alias)
+                      "git_commit": meta["git_commit"], "world_size": str(rt.world_size), "step": str(step)},
+                also=cfg.tracking.also_aliases)
+            log.info("registered %s version %s (alias %s)", task.registry_name(cfg), version,
+                     ", ".join(dict.fromkeys([a for a in [alias, *cfg.tracking.also_aliases] if a])))
         (out / "registry.json").write_text(json.dumps({"version": version, "uri": redact_uri(trainer.tracker.uri)}))
     if dist.is_initialized():
         dist.barrier()

@@ -197,6 +197,7 @@ def link(inputs: Sequence[StageInput], chain_id: str, selected: set[str], contin
             if st.name in selected:
                 ca = chain_alias(wrote[1], chain_id)
                 ln.overrides.insert(0, f"tracking.alias={ca}")
+                ln.overrides.insert(1, f"tracking.also_aliases=[{wrote[1]}]")  # for people; the chain reads ca
                 ln.registers = f"{wrote[0]}@{ca}"
         if st.name in selected:
             if st.command in RUN_DIRS:  # a chain's runs never resume (or "finish") another chain's run dirs

@@ -100,7 +100,7 @@ def publish(cfg, tag: str, tmp_path, command: str = "pretrain") -> str:
     c.log_artifacts(run_id, str(export), "export")
     c.set_terminated(run_id)
     name, alias = registry_of(command, cfg)
-    return register_artifact_dir(uri, run_id, "export", name, alias)
+    return register_artifact_dir(uri, run_id, "export", name, alias, also=cfg.tracking.also_aliases)
 
 
 _starts = itertools.count()
@@ -140,11 +140,16 @@ def test_two_interleaved_chains_on_one_store_each_read_their_own_encoders(env, c
     assert start(A["finetune"], env) == "A-in"
     publish(A["finetune"], "A-ft", env, "finetune")
 
-    # every alias in the store belongs to one chain; none of the plain ones a chain could confuse
+    # every chain alias belongs to one chain; the plain aliases (for people) follow the newest version
+    # and are never what a chain reads
     aliases = {m.name: dict(m.aliases) for m in client(uri).search_registered_models()}
     assert set(aliases["hibert-encoder"]) == {f"{s}-{c}" for s in ("open-domain", "in-domain")
-                                              for c in (a["chain_id"], b["chain_id"])}
-    assert set(aliases["hibert-extractive"]) == {f"finetuned-{a['chain_id']}"}
+                                              for c in (a["chain_id"], b["chain_id"])} | {"open-domain", "in-domain"}
+    assert aliases["hibert-encoder"]["open-domain"] == aliases["hibert-encoder"][f"open-domain-{b['chain_id']}"]
+    assert aliases["hibert-encoder"]["in-domain"] == aliases["hibert-encoder"][f"in-domain-{a['chain_id']}"]
+    assert set(aliases["hibert-extractive"]) == {f"finetuned-{a['chain_id']}", "finetuned"}
+    assert all("@open-domain" not in str(st.get("reads")) or a["chain_id"] in str(st.get("reads"))
+               for st in a["stages"].values())
     assert a["stages"]["pretrain-in"]["registers"] == f"hibert-encoder@in-domain-{a['chain_id']}"
     assert a["stages"]["finetune"]["reads"] == f"models:/hibert-encoder@in-domain-{a['chain_id']}"
 
@@ -290,11 +295,13 @@ def test_local_demo_uses_a_chain_only_with_a_shared_store(env, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.internal:5000")
     shared = chain_overrides(root, demo, cfg.slurm.pipeline, [f"run.output_dir={root}"], "demo")
     cid = json.loads((root / ".stages" / "chain.json").read_text())["chain_id"]
-    assert shared["pretrain-open"] == [f"tracking.alias=open-domain-{cid}", f"run.name=pretrain-open-{cid}"]
-    assert shared["pretrain-in"] == [f"tracking.alias=in-domain-{cid}",
+    # the chain reads its own alias; the plain one is moved too, for people
+    assert shared["pretrain-open"] == [f"tracking.alias=open-domain-{cid}", "tracking.also_aliases=[open-domain]",
+                                       f"run.name=pretrain-open-{cid}"]
+    assert shared["pretrain-in"] == [f"tracking.alias=in-domain-{cid}", "tracking.also_aliases=[in-domain]",
                                      f"run.init=models:/hibert-encoder@open-domain-{cid}", f"run.name=pretrain-in-{cid}"]
-    assert shared["finetune"] == [f"tracking.alias=finetuned-{cid}", f"run.init=models:/hibert-encoder@in-domain-{cid}",
-                                  f"run.name=finetune-{cid}"]
+    assert shared["finetune"] == [f"tracking.alias=finetuned-{cid}", "tracking.also_aliases=[finetuned]",
+                                  f"run.init=models:/hibert-encoder@in-domain-{cid}", f"run.name=finetune-{cid}"]
     assert shared["finetune-random"] == [f"run.name=finetune-random-{cid}"]  # registers nothing
     # a rerun keeps the chain id, so finished stages keep their argv and are reused
     assert chain_overrides(root, demo, cfg.slurm.pipeline, [f"run.output_dir={root}"], "demo") == shared

@@ -23,12 +23,25 @@ class TrackingConfig(Section):
     alias: str | None = Field(None, pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")  # None: the stage (pretrain), "finetuned"
     peak_tflops: float | None = Field(None, gt=0)  # per device; None -> guessed from the device name (MFU)
 
+    # more aliases moved to the same version, for people (`hibert submit` sets the plain stage alias here;
+    # a chain itself only ever reads its own `alias`)
+    also_aliases: list[str] = Field(default_factory=list)
+
     @field_validator("alias")
     @classmethod
     def _alias_allowed(cls, alias: str | None) -> str | None:
         if alias is not None and (alias.lower() == "latest" or re.fullmatch(r"[vV]\d+", alias)):
             raise ValueError(f"{alias!r} is reserved by MLflow (latest, v<N>); choose another alias")
         return alias
+
+    @field_validator("also_aliases")
+    @classmethod
+    def _also_allowed(cls, aliases: list[str]) -> list[str]:
+        for a in aliases:
+            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", a):
+                raise ValueError(f"alias {a!r} must match [A-Za-z][A-Za-z0-9_-]*")
+            cls._alias_allowed(a)
+        return aliases
 
 
 class SlurmResources(Section):
