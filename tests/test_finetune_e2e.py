@@ -82,6 +82,10 @@ def test_summarize_raw_text_and_bad_input(finetuned, tmp_path):
         r = subprocess.run(HIBERT + ["summarize", *over, "--input", str(bad)], capture_output=True, text=True,
                            timeout=120)
         assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run(HIBERT + ["summarize", *over, "--model", str(tmp_path)], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(HIBERT + ["summarize", *over, "--model", str(tmp_path)], input="Some text.",
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "cannot load model" in r.stderr and "Traceback" not in r.stderr
+    # input problems are found before the model loads: bad input and a bad model -> the input's error
+    r = subprocess.run(HIBERT + ["summarize", *over, "--model", str(tmp_path), "--input", str(bad)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "not UTF-8" in r.stderr and "cannot load model" not in r.stderr
