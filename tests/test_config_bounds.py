@@ -23,7 +23,7 @@ BAD = [  # override, what the one-line error must say
     ("schedule.warmup_steps=-10", "schedule.warmup_steps"),
     ("schedule.decay=linear", "schedule.decay=linear needs a horizon: set schedule.max_steps"),
     ("schedule.batch_tokens=0", "schedule.batch_tokens"),
-    ("optimizer.lr=-1", "optimizer.lr"),
+    ("optimizer.lr=-1", "optimizer.lr: Input should be greater than or equal to 0"),
     ("optimizer.betas=[0.9,3]", "optimizer.betas.1"),
     ("optimizer.eps=0", "optimizer.eps"),
     ("deepspeed.extra.zero_optimization.stage=7", "deepspeed.extra.zero_optimization.stage must be 0, 1, 2 or 3"),

@@ -7,7 +7,7 @@ from hibert.config.base import Section
 
 
 class ObjectiveConfig(Section):
-    kind: Literal["masked_sentence", "extractive"] = "masked_sentence"
+    kind: Literal["masked_sentence", "extractive", "abstractive"] = "masked_sentence"
     # masked-sentence pretraining (HIBERT §3.2)
     select_ratio: float = Field(0.15, gt=0.0, le=1.0)
     min_selected: int = Field(1, ge=0)
@@ -35,7 +35,7 @@ Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
 
 
 class OptimizerConfig(Section):
-    lr: float = Field(1e-4, gt=0.0, le=10.0)
+    lr: float = Field(1e-4, ge=0.0, le=10.0)     # 0: weights stay as loaded (checks, frozen baselines)
     betas: tuple[Beta, Beta] = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0.0)
     weight_decay: float = Field(0.01, ge=0.0)
