@@ -72,19 +72,17 @@ def read_documents(source: str, field: str, limit: int | None = None) -> Iterato
         yield name, text
 
 
-class Summarizer:
-    def __init__(self, export_dir: Path, device: str = "cpu", stanza_dir: str | None = None):
+class TextEncoder:
+    """Raw text -> encoded sentences exactly as the model's training data was made (segmenter kind and
+    limits recorded in the export's `data` settings, its own tokenizer)."""
+
+    def __init__(self, export_dir: Path, meta: dict, stanza_dir: str | None = None):
         from data_prep import tokenizer as tok
         from data_prep.process import Sentencizer
-        from finetune.inference import load_extractive
 
-        self.model, meta = load_extractive(export_dir, device)
-        self.device = device
         data = meta.get("data", {})
         seg = data.get("segmenter", {})
         limits = data.get("limits", {})
-        self.k = meta["selection"].get("top_k", 3)
-        self.trigram_blocking = meta["selection"].get("trigram_blocking", False)
         seg_cfg = SegmenterConfig(kind=seg.get("kind", "spacy"), stanza_dir=stanza_dir)
         self.cfg = DataConfig(segmenter=seg_cfg,
                               max_sentence_tokens=limits.get("max_sentence_tokens", 50),
@@ -92,21 +90,37 @@ class Summarizer:
         self.sentencizer = Sentencizer(self.cfg)
         self.sp = tok.load(Path(export_dir) / "tokenizer.model")
 
+    def __call__(self, text: str) -> tuple[list[str], list[np.ndarray], bool]:
+        """(sentence texts, their subword ids, read as PTB?) — empty sentences dropped."""
+        ptb = looks_ptb(text)
+        paragraphs = [p for p in re.split(r"\n\s*\n", text) if p.strip()]
+        sents = [s for s in self.sentencizer.sentences([(paragraphs, ptb)])[0] if s[0].strip()]
+        texts = [t for t, _ in sents]
+        ids = [np.asarray(x[: self.cfg.max_sentence_tokens], dtype=np.int32)
+               for x in self.sp.encode(texts, out_type=int)] if texts else []
+        keep = [i for i, x in enumerate(ids) if len(x)]
+        return [texts[i] for i in keep], [ids[i] for i in keep], ptb
+
+
+class Summarizer:
+    def __init__(self, export_dir: Path, device: str = "cpu", stanza_dir: str | None = None):
+        from finetune.inference import load_extractive
+
+        self.model, meta = load_extractive(export_dir, device)
+        self.device = device
+        self.k = meta["selection"].get("top_k", 3)
+        self.trigram_blocking = meta["selection"].get("trigram_blocking", False)
+        self.encode = TextEncoder(export_dir, meta, stanza_dir)
+        self.cfg = self.encode.cfg
+
     def __call__(self, doc_id: str, text: str, k: int | None = None) -> Summary:
         from finetune.inference import score_documents
         from finetune.selection import select
 
         k = k or self.k
-        ptb = looks_ptb(text)
-        paragraphs = [p for p in re.split(r"\n\s*\n", text) if p.strip()]
-        sents = [s for s in self.sentencizer.sentences([(paragraphs, ptb)])[0] if s[0].strip()]
-        if not sents:
+        texts, ids, ptb = self.encode(text)
+        if not texts:
             return Summary(doc_id, [], [], 0, "no sentences found")
-        texts = [t for t, _ in sents]
-        ids = [np.asarray(x[: self.cfg.max_sentence_tokens], dtype=np.int32)
-               for x in self.sp.encode(texts, out_type=int)]
-        keep = [i for i, x in enumerate(ids) if len(x)]
-        texts, ids = [texts[i] for i in keep], [ids[i] for i in keep]
         if len(texts) <= k:
             return Summary(doc_id, texts, list(range(len(texts))), len(texts),
                            f"document has {len(texts)} sentence(s), at most k={k}: returned whole")
@@ -116,3 +130,29 @@ class Summarizer:
         chosen = select(scores, texts, k, self.trigram_blocking)
         return Summary(doc_id, [texts[i] for i in chosen], chosen, len(texts),
                        "input read as PTB-tokenized text" if ptb else "")
+
+
+class AbstractiveSummarizer:
+    """Raw text -> abstract with an abstractive export; documents are decoded in batches."""
+
+    def __init__(self, export_dir: Path, device: str = "cpu", stanza_dir: str | None = None, generation=None):
+        from finetune.abstractive_inference import Decoder, load_abstractive
+
+        model, meta = load_abstractive(export_dir, device)
+        self.generation = generation(meta["generation"]) if callable(generation) else meta["generation"]
+        self.encode = TextEncoder(export_dir, meta, stanza_dir)
+        self.decoder = Decoder(model, Path(export_dir) / "tokenizer.model", self.generation, device)
+
+    def summarize_all(self, docs: list[tuple[str, str]]) -> list[Summary]:
+        encoded = [self.encode(text) for _, text in docs]
+        step = self.encode.cfg.max_doc_sentences
+        todo = [i for i, (texts, _, _) in enumerate(encoded) if texts]
+        # the encoder reads the first max_doc_sentences sentences, as in training
+        decoded = self.decoder.summarize_ids([encoded[i][1][:step] for i in todo])
+        out = [Summary(doc_id, [], [], 0, "no sentences found") for doc_id, _ in docs]
+        for i, d in zip(todo, decoded):
+            texts, _, ptb = encoded[i]
+            notes = (["input read as PTB-tokenized text"] if ptb else []) + \
+                    ([f"read the first {step} of {len(texts)} sentences"] if len(texts) > step else [])
+            out[i] = Summary(docs[i][0], d.sentences, [], len(texts), "; ".join(notes))
+        return out

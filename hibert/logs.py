@@ -11,7 +11,7 @@ LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # Libraries that log at INFO on every run (DeepSpeed's config dumps, MLflow's run/store messages,
 # alembic's migrations of a fresh sqlite store, HTTP clients): operators read our lines, not theirs.
 NOISY = ("DeepSpeed", "deepspeed", "mlflow", "alembic", "urllib3", "httpx", "git", "matplotlib",
-         "torch.distributed", "filelock", "stanza", "datasets")
+         "torch.distributed", "filelock", "stanza", "datasets", "absl")
 
 
 def set_level(level: str | None) -> None:

@@ -163,8 +163,9 @@ class Trainer:
         W, r = self.rt.world_size, self.rt.rank
         mine = batches[r::W]
         padded = mine + [batches[0]] * (-(-len(batches) // W) - len(mine))
-        bar = tqdm(total=len(padded), desc=desc, unit="batch", leave=False, disable=not self.rt.is_main,
-                   mininterval=0.5 if sys.stderr.isatty() else 30.0)
+        tty = sys.stderr.isatty()  # in a log file: a line every 30 s and a closing line, each ending in \n
+        bar = tqdm(total=len(padded), desc=desc, unit="batch", leave=not tty, disable=not self.rt.is_main,
+                   mininterval=0.5 if tty else 30.0, ascii=not tty)
         self.engine.eval()
         try:
             with torch.no_grad():

@@ -1,0 +1,156 @@
+"""Abstractive summarization on the shared training loop: HIBERT encoder + Transformer decoder (PreSumm's
+BertSumAbs recipe applied to HIBERT), teacher-forced label-smoothed NLL of the summary subwords.
+
+Two optimizer groups under the one schedule: the decoder at optimizer.lr with schedule.warmup_steps, the
+(pretrained) encoder at optimizer.lr x finetune.encoder_lr_scale with finetune.encoder_warmup_steps.
+Validation reports the teacher-forced loss of the whole split and the ROUGE of beam-search summaries of its
+first `finetune.eval_decode_docs` documents; `valid_rouge` (mean of ROUGE-1/2/L F1) drives model
+selection and early stopping. Decoding runs on rank 0 on a plain copy of the gathered fp32 weights, so
+it works the same under every ZeRO stage (a ZeRO-3 forward is collective; beams end at different steps).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from hibert.config import Config
+from hibert.config.model import ModelConfig
+from pretrain.task import LoaderItem, ParamGroup, Task, decay_groups
+
+DECODER_WEIGHTS = "decoder.safetensors"
+DECODER_CONFIG = "abstractive.json"
+GENERATION_CONFIG = "generation.json"
+
+
+class AbstractiveTask(Task):
+    name = "abstractive"
+    eval_metric = "valid_rouge"
+    eval_mode = "max"
+    stat_keys = ("nll_sum", "num_target_tokens")
+
+    def __init__(self, cfg: Config, model_cfg: ModelConfig, init_state: dict[str, torch.Tensor] | None = None,
+                 init_decoder_state: dict[str, torch.Tensor] | None = None):
+        self.cfg, self.model_cfg = cfg, model_cfg
+        self.init_state, self.init_decoder_state = init_state, init_decoder_state
+        self._word_start: np.ndarray | None = None
+
+    def model_config(self) -> ModelConfig:
+        return self.model_cfg
+
+    def registry_name(self, cfg: Config) -> str:
+        return "hibert-abstractive"
+
+    def registry_alias(self, cfg: Config) -> str | None:
+        return cfg.tracking.alias or "finetuned"
+
+    # ---------------------------------------------------------------- model
+    def new_model(self) -> torch.nn.Module:
+        from modeling.abstractive import HibertAbstractive
+
+        return HibertAbstractive(self.model_cfg, self.cfg.decoder)
+
+    def build_model(self) -> torch.nn.Module:
+        model = self.new_model()
+        if self.init_state is not None:
+            from pretrain.export import load_encoder
+
+            load_encoder(model.encoder, self.init_state)
+        if self.init_decoder_state is not None:
+            model.load_pretraining_decoder(self.init_decoder_state)
+        if self.cfg.deepspeed.zero_stage == 3:
+            import deepspeed
+
+            # The decoder reads the (tied) token table outside the embedding's own forward.
+            deepspeed.zero.register_external_parameter(model, model.encoder.token_embedding.weight)
+        return model
+
+    def param_groups(self, model: torch.nn.Module, cfg: Config) -> list[ParamGroup]:
+        ft, wd = cfg.finetune, cfg.optimizer.weight_decay
+        enc = [(n, p) for n, p in model.named_parameters() if n.startswith("encoder.")]
+        dec = [(n, p) for n, p in model.named_parameters() if not n.startswith("encoder.")]
+        return (decay_groups(enc, wd, "encoder.", lr_scale=ft.encoder_lr_scale, warmup_steps=ft.encoder_warmup_steps)
+                + decay_groups(dec, wd, "decoder."))
+
+    # ---------------------------------------------------------------- data
+    def make_item(self, dataset, doc_indices: np.ndarray, epoch: int) -> LoaderItem:
+        from finetune.abstractive_data import target_ids
+        from modeling import flops_per_batch
+        from modeling.abstractive import make_abstractive_batch
+
+        docs, targets = [], []
+        for i in doc_indices.tolist():
+            summary = dataset.summary(i)
+            if summary is None:
+                raise ValueError(f"{dataset.split} document {dataset.doc_id(i)} has no summary: abstractive "
+                                 "finetuning needs a corpus with summaries")
+            docs.append(dataset[i])
+            targets.append(target_ids(summary, self.cfg.finetune.max_target_tokens))
+        batch = make_abstractive_batch(docs, targets)
+        sent_lens = [len(s) + 1 for d in docs for s in d]
+        target_lens = [len(t) + 1 for t in targets]
+        # encoder + decoder self-attention/FFN FLOPs (cross-attention is not counted: MFU is a lower bound)
+        flops = flops_per_batch(self.model_cfg, sent_lens, [len(d) for d in docs], target_lens, backward=True)
+        return LoaderItem(batch, real_tokens=sum(sent_lens) + sum(target_lens), flops=flops, num_docs=len(docs),
+                          extra={"doc_indices": doc_indices.tolist()})
+
+    # ---------------------------------------------------------------- loss
+    def loss(self, engine, item: LoaderItem):
+        out = engine(item.batch, label_smoothing=self.cfg.objective.label_smoothing)
+        return out.loss, {"nll_sum": out.nll_sum.detach().double(),
+                          "num_target_tokens": torch.as_tensor(out.num_target_tokens, dtype=torch.float64)}
+
+    def summarize(self, sums: dict[str, float], prefix: str) -> dict[str, float]:
+        import math
+
+        n = sums.get("num_target_tokens", 0.0)
+        if n <= 0:
+            return {}
+        nll = sums["nll_sum"] / n
+        return {f"{prefix}loss": nll, f"{prefix}ppl": math.exp(min(nll, 50.0))}
+
+    # ---------------------------------------------------------------- evaluation
+    def evaluate(self, trainer) -> dict[str, float]:
+        from pretrain.export import gather_fp32_state_dict
+
+        metrics = super().evaluate(trainer)
+        full = gather_fp32_state_dict(trainer.engine.module, "")
+        box = [None]
+        if trainer.rt.is_main:
+            box = [self.decode_rouge(full, trainer.valid_data, trainer.rt.device)]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(box, src=0)  # every rank takes the same early-stopping decision
+        return {**metrics, **box[0]}
+
+    def decode_rouge(self, state: dict[str, torch.Tensor], data, device: torch.device) -> dict[str, float]:
+        """ROUGE of beam-search summaries of the first `eval_decode_docs` documents of `data`."""
+        from finetune.abstractive_inference import Decoder
+        from finetune.rouge_eval import Rouge
+
+        model = self.new_model()
+        model.load_state_dict(state)
+        decoder = Decoder(model.to(device).eval(), data.tokenizer_path, self.cfg.generation, device)
+        n = min(len(data), self.cfg.finetune.eval_decode_docs)
+        idx = list(range(n))
+        summaries = decoder.summarize_ids([data[i] for i in idx])
+        refs = [[data.summary_text(i)] for i in idx]
+        per_doc = Rouge(("rouge1", "rouge2", "rougeL")).score_corpus([s.sentences for s in summaries], refs)
+        r = {m: float(v.mean()) for m, v in per_doc.items()}
+        return {"valid_rouge1": r["rouge1_f"], "valid_rouge2": r["rouge2_f"], "valid_rougeL": r["rougeL_f"],
+                "valid_rouge": (r["rouge1_f"] + r["rouge2_f"] + r["rougeL_f"]) / 3,
+                "valid_summary_words": float(np.mean([len(" ".join(s.sentences).split()) for s in summaries]))}
+
+    # ---------------------------------------------------------------- export
+    def write_export_extras(self, out_dir, full_state: dict[str, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        dec = {k: v.contiguous() for k, v in full_state.items() if not k.startswith("encoder.")}
+        save_file(dec, str(Path(out_dir) / DECODER_WEIGHTS))
+        (Path(out_dir) / DECODER_CONFIG).write_text(json.dumps(
+            {"decoder": self.cfg.decoder.model_dump(mode="json"),
+             "max_target_tokens": self.cfg.finetune.max_target_tokens}, indent=1))
+        (Path(out_dir) / GENERATION_CONFIG).write_text(json.dumps(self.cfg.generation.model_dump(mode="json"),
+                                                                  indent=1))
