@@ -114,7 +114,10 @@ def prepare_run(cfg: Config, check_init: bool = True) -> RunInputs:
     valid_data = DocumentDataset(cfg.data.dataset_dir, "valid")
     init = load_init(cfg, rt.rank)
     if init is not None and check_init:
-        check_init_compatible(cfg, init, train_data.tokenizer_path)
+        try:
+            check_init_compatible(cfg, init, train_data.tokenizer_path)
+        except ValueError as e:  # a configuration error, not a crash: one line, before any training
+            raise SystemExit(f"hibert: {e}") from None
     return RunInputs(rt, train_data, valid_data, init, tokenizer_vocab_size(train_data.tokenizer_path))
 
 

@@ -1,0 +1,110 @@
+"""The abstractive head end to end on the prepared CNN/DM sample: real DeepSpeed (2 CPU ranks, gloo), exact
+resume after kill -9, ZeRO-3, MLflow registry, evaluation report and `hibert summarize`."""
+import json
+import os
+import signal
+import subprocess
+
+import numpy as np
+import pytest
+from safetensors.torch import load_file
+
+from conftest import HIBERT, run_hibert, tiny_train_overrides
+from test_pretrain_deepspeed import _start, _wait_for, assert_same, metric_history
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+ABSTRACTIVE = {"finetune.task": "abstractive", "decoder.layers": 2, "decoder.cross_attention": "pht",
+               "finetune.max_target_tokens": 40, "finetune.eval_decode_docs": 3, "generation.max_length": 20,
+               "generation.beam_size": 2, "schedule.max_steps": 8, "schedule.eval_every": 4,
+               "checkpoint.every_steps": 4, "checkpoint.keep_best": 0, "optimizer.lr": 2e-3,
+               "objective.label_smoothing": 0.1, "finetune.encoder_lr_scale": 0.5, "finetune.encoder_warmup_steps": 4}
+
+
+def overrides(root, name, tiny_data, **extra):
+    return tiny_train_overrides(root, name, tiny_data["cnndm"], **{**ABSTRACTIVE, **extra})
+
+
+def weights(run_dir):
+    export = run_dir / "export"
+    return {**load_file(str(export / "encoder.safetensors")), **load_file(str(export / "decoder.safetensors"))}
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_data, tmp_path_factory):
+    """An uninterrupted 2-rank ZeRO-2 abstractive run of 8 steps."""
+    root = tmp_path_factory.mktemp("abs")
+    over = overrides(root, "abs", tiny_data)
+    run_hibert(["finetune", *over, "--init", "random", "--nproc", "2"], timeout=400)
+    return root, over
+
+
+def test_trains_selects_on_rouge_exports_and_registers(reference):
+    from hibert.registry import list_versions
+
+    root, _ = reference
+    losses = metric_history(root, "abs", "train_loss")
+    assert np.mean(losses[-3:]) < np.mean(losses[:3]), losses
+    assert len(metric_history(root, "abs", "valid_rouge")) == 2  # decoded validation ROUGE at steps 4 and 8
+    export = root / "abs" / "export"
+    gen = json.loads((export / "generation.json").read_text())
+    assert gen["beam_size"] == 2 and gen["max_length"] == 20
+    assert json.loads((export / "abstractive.json").read_text())["decoder"]["cross_attention"] == "pht"
+    assert json.loads((export / "export.json").read_text())["task"] == "abstractive"
+    versions = list_versions(f"sqlite:///{root / 'mlflow.db'}", "hibert-abstractive")
+    assert versions and versions[-1]["aliases"] == ["finetuned"]
+
+
+def test_kill9_then_resume_is_bit_identical(reference, tiny_data, tmp_path):
+    root, _ = reference
+    args = ["finetune", *overrides(tmp_path, "abs", tiny_data), "--init", "random", "--nproc", "2"]
+    proc = _start(args, tmp_path / "first.log")
+    try:
+        _wait_for(tmp_path / "abs" / "checkpoints" / "step_000000004" / "COMPLETE.json", proc)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert not (tmp_path / "abs" / "export").exists()
+    out = run_hibert(args, timeout=300)
+    assert "resumed from" in out.stderr
+    assert_same(weights(root / "abs"), weights(tmp_path / "abs"))
+
+
+def test_zero3_with_tied_embeddings_trains_and_exports(tiny_data, tmp_path):
+    run_hibert(["finetune", *overrides(tmp_path, "z3", tiny_data, **{
+        "deepspeed.zero_stage": 3, "schedule.max_steps": 3, "schedule.eval_every": 3, "decoder.copy": True}),
+        "--init", "random", "--nproc", "2"], timeout=300)
+    w = weights(tmp_path / "z3")
+    assert all(np.isfinite(v.numpy()).all() for v in w.values())
+
+
+def test_evaluate_reports_abstractive_stats_and_pairs_other_runs(reference, tmp_path):
+    root, over = reference
+    run_hibert(["evaluate", *over, "--split", "valid", "--bootstrap", "100", "--beam", "1",
+                "--out", tmp_path / "greedy"], timeout=300)
+    out = run_hibert(["evaluate", *over, "--split", "valid", "--bootstrap", "100",
+                      "--compare", f"greedy={tmp_path / 'greedy'}"], timeout=300)
+    report = json.loads((root / "abs" / "report-valid" / "report.json").read_text())
+    assert set(report["scores"]) == {"model", "lead3", "oracle"}
+    assert {"model-lead3", "model-oracle", "model-greedy"} <= set(report["paired"])
+    stats = report["abstractiveness"]["model"]
+    assert {"novel_1gram", "novel_4gram", "repeated_3gram", "mean_words"} <= set(stats)
+    assert report["abstractiveness"]["lead3"]["novel_2gram"] == 0.0  # an extract has no novel n-grams
+    assert report["meta"]["generation"]["beam_size"] == 2 and "model-greedy" in out.stdout
+
+
+def test_summarize_raw_text_and_refusals(reference, tmp_path, tiny_data):
+    root, over = reference
+    text = "The council approved the budget on Monday. It funds three schools. Critics said taxes rise."
+    out = subprocess.run(HIBERT + ["summarize", *over, "--json", "--beam", "3", "--max-len", "12"], input=text,
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rec = json.loads(out.stdout.strip().splitlines()[-1])
+    assert rec["num_sentences"] == 3 and isinstance(rec["summary"], list)
+    bad = subprocess.run(HIBERT + ["summarize", *over, "--input", str(tmp_path)], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and "is not a file" in bad.stderr and "Traceback" not in bad.stderr
+    # an init of another size is refused before training
+    wrong = run_hibert(["finetune", *overrides(tmp_path, "wrong", tiny_data, **{"model.hidden": 32}),
+                        "--init", str(root / "abs" / "export")], timeout=200, check=False)
+    assert wrong.returncode != 0 and "model.hidden=64 differs" in wrong.stderr and "Traceback" not in wrong.stderr
