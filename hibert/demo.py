@@ -145,9 +145,10 @@ def plot_losses(cfg: Config, out: Path) -> Path | None:
 def print_results(reports: list[dict], names: list[str]) -> None:
     """One table per dataset: every finetuned model on it, then Lead-3 and the oracle (the same documents
     in every report of a dataset)."""
-    groups: dict[str, list[tuple[str, dict]]] = {}
-    for name, rep in zip(names, reports):
-        groups.setdefault(rep["meta"].get("dataset_manifest", "?"), []).append((name, rep))
+    groups: dict[tuple[str, str], list[tuple[str, dict]]] = {}
+    for name, rep in zip(names, reports):  # one table per dataset and head (extractive, abstractive)
+        key = (rep["meta"].get("dataset_manifest", "?"), rep["meta"].get("task", "extractive"))
+        groups.setdefault(key, []).append((name, rep))
     for members in groups.values():
         first = members[0][1]
         rows: list[tuple[str, dict]] = []
@@ -158,14 +159,21 @@ def print_results(reports: list[dict], names: list[str]) -> None:
             if system in first["scores"]:
                 rows.append((system, first["scores"][system]))
         where = first["meta"].get("dataset") or f"dataset {first['meta'].get('dataset_manifest', '?')}"
-        print(f"\n== ROUGE F1 on {first['num_documents']} held-out {first['meta'].get('split', 'test')} documents "
-              f"of {where} (rouge-score, 95% CI) ==")
+        print(f"\n== {first['meta'].get('task', 'extractive')}: ROUGE F1 on {first['num_documents']} held-out "
+              f"{first['meta'].get('split', 'test')} documents of {where} (rouge-score, 95% CI) ==")
         width = max(len(r[0]) for r in rows)
         for label, sc in rows:
             cells = "  ".join(f"{m.replace('_f', '')} {sc[m]['mean']:5.2f} [{sc[m]['low']:5.2f},{sc[m]['high']:5.2f}]"
                               for m in ("rouge1_f", "rouge2_f", "rougeL_f"))
             print(f"  {label:<{width}}  {cells}")
         print_paired(members)
+        if first["meta"].get("task") == "abstractive":
+            for name, rep in members:
+                st = rep.get("abstractiveness", {}).get("model")
+                if st:
+                    print(f"  {name}: novel 1/2/3-grams {st['novel_1gram']:.1f}/{st['novel_2gram']:.1f}/"
+                          f"{st['novel_3gram']:.1f}%, repeated 3-grams {st['repeated_3gram']:.1f}%, "
+                          f"{st['mean_words']:.1f} words")
 
 
 def print_paired(members: list[tuple[str, dict]]) -> None:
@@ -215,14 +223,15 @@ def main(argv: list[str] | None = None) -> int:
         print_results([json.loads(r.read_text()) for r in reports], [r.parent.parent.name for r in reports])
     curves = plot_losses(cfg, root / "report" / "loss_curves.png")
 
-    exports = sorted(root.glob("*finetune*/export/head.safetensors"))
     article = Path(args.article)
-    if exports and article.is_file():
-        print(f"\n== summary of a held-back article ({article}, first record) ==")
-        out = subprocess.run([sys.executable, "-m", "hibert.cli", "summarize", str(recipe), *args.overrides,
-                              "--model", str(exports[-1].parent), "--input", str(article), "--field", "article",
-                              "--limit", "1"], capture_output=True, text=True)
-        print(out.stdout.strip() or out.stderr.strip()[-2000:])
+    for kind, marker in (("extractive", "head.safetensors"), ("abstractive", "decoder.safetensors")):
+        exports = sorted(p for p in root.glob(f"*finetune*/export/{marker}") if "random" not in p.parts[-3])
+        if exports and article.is_file():
+            print(f"\n== {kind} summary of a held-back article ({article}, first record; {exports[-1].parent}) ==")
+            out = subprocess.run([sys.executable, "-m", "hibert.cli", "summarize", str(recipe), *args.overrides,
+                                  "--model", str(exports[-1].parent), "--input", str(article), "--field", "article",
+                                  "--limit", "1"], capture_output=True, text=True)
+            print(out.stdout.strip() or out.stderr.strip()[-2000:])
 
     print("\n== where to look ==")
     for r in reports:

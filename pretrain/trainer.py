@@ -82,7 +82,10 @@ class Trainer:
         self.run_dir = cfg.run_dir
         torch.manual_seed(cfg.run.seed)  # identical init on every rank
         self.model = task.build_model()
-        self.engine = build_engine(cfg, self.model, rt, task.param_groups(self.model, cfg))
+        groups = [g for g in task.param_groups(self.model, cfg) if g.params]
+        self.engine = build_engine(cfg, self.model, rt, groups)
+        # groups with their own lr (e.g. encoder / decoder): one lr_<prefix> metric each
+        self.lr_names = [g.name.split(".")[0] for g in groups]
         torch.manual_seed(cfg.run.seed + 7919 * (rt.rank + 1))  # dropout differs across ranks
         self.checkpointer = Checkpointer(
             CheckpointManager(cfg.checkpoint_dir, cfg.checkpoint.keep_last, rt.rank, rt.world_size),
@@ -208,7 +211,10 @@ class Trainer:
         m = window.flush()
         totals = _all_sum({k: float(v) for k, v in stats.items()}, self.rt.device)
         m.update(self.task.summarize(totals, "train_"))
-        m["lr"] = self.engine.get_lr()[0]
+        lrs = self.engine.get_lr()
+        m["lr"] = lrs[0]
+        if len(set(self.lr_names)) > 1:
+            m.update({f"lr_{n}": lr for n, lr in zip(self.lr_names, lrs)})
         gn = self.engine.get_global_grad_norm()
         if gn is not None:
             m["grad_norm"] = float(gn)

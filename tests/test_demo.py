@@ -14,10 +14,12 @@ def test_demo_pipeline_runs_every_stage_and_reuses_them(tmp_path, repo):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1100, cwd=repo)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     for stage in ["prep-open", "prep-cnndm", "pretrain-open", "pretrain-in", "finetune", "evaluate",
-                  "finetune-random", "evaluate-random"]:
+                  "finetune-random", "evaluate-random", "finetune-abs", "evaluate-abs", "finetune-abs-random",
+                  "evaluate-abs-random"]:
         assert f"{stage:<14} done" in out.stdout, stage
     assert "ROUGE F1" in out.stdout and "lead3" in out.stdout and "oracle" in out.stdout
-    assert "summary of a held-back article" in out.stdout and "mlflow ui" in out.stdout
+    assert "extractive summary of a held-back article" in out.stdout and "mlflow ui" in out.stdout
+    assert "abstractive summary of a held-back article" in out.stdout and "novel 1/2/3-grams" in out.stdout
     assert (tmp_path / "report" / "loss_curves.png").is_file()
     report = json.loads((tmp_path / "finetune" / "report-test" / "report.json").read_text())
     assert report["meta"]["encoder_init"] == "models:/hibert-encoder@in-domain"
@@ -25,5 +27,9 @@ def test_demo_pipeline_runs_every_stage_and_reuses_them(tmp_path, repo):
 
     aliases = {a for r in list_versions(f"sqlite:///{tmp_path / 'mlflow.db'}") for a in r["aliases"]}
     assert {"open-domain", "in-domain", "finetuned"} <= aliases
+    assert [r["aliases"] for r in list_versions(f"sqlite:///{tmp_path / 'mlflow.db'}", "hibert-abstractive")] == [
+        ["finetuned"]]
+    abstract = json.loads((tmp_path / "finetune-abs" / "report-test" / "report.json").read_text())
+    assert abstract["meta"]["task"] == "abstractive" and "abstractiveness" in abstract
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=repo)
-    assert again.returncode == 0 and again.stdout.count("reused") >= 8
+    assert again.returncode == 0 and again.stdout.count("reused") >= 12
