@@ -1,7 +1,10 @@
-"""HIBERT models as plain nn.Modules (Zhang et al. 2019): packing, encoder, pretraining, extractive head."""
+"""HIBERT models as plain nn.Modules (Zhang et al. 2019): packing, encoder, pretraining, extractive and
+abstractive heads, beam search."""
+from modeling.abstractive import AbstractiveBatch, AbstractiveOutput, HibertAbstractive, make_abstractive_batch
 from modeling.accounting import count_parameters, flops_per_batch
 from modeling.encoder import EncoderOutput, HibertEncoder
 from modeling.extractive import HibertExtractive
+from modeling.generate import Hypothesis, NgramBlocker, greedy  # beam search: modeling.generate.generate
 from modeling.packing import PackedDocuments, pack_documents, pad_documents
 from modeling.pretraining import (HibertForPretraining, PretrainBatch, PretrainOutput, make_padded_pretrain_batch,
                                   make_pretrain_batch)
@@ -11,4 +14,6 @@ __all__ = [
     "HibertEncoder", "EncoderOutput",
     "HibertForPretraining", "PretrainBatch", "make_pretrain_batch", "make_padded_pretrain_batch", "PretrainOutput",
     "HibertExtractive", "count_parameters", "flops_per_batch",
+    "HibertAbstractive", "AbstractiveBatch", "make_abstractive_batch", "AbstractiveOutput",
+    "greedy", "Hypothesis", "NgramBlocker",
 ]

@@ -3,8 +3,10 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
+from hibert.config.abstractive import DecoderConfig, GenerationConfig
 from hibert.config.base import Section
 from hibert.config.data import DataConfig
+from hibert.config.finetune import FinetuneConfig
 from hibert.config.model import ModelConfig
 from hibert.config.ops import RunConfig, SlurmConfig, TrackingConfig
 from hibert.config.training import (
@@ -25,6 +27,9 @@ class Config(Section):
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
+    decoder: DecoderConfig = Field(default_factory=DecoderConfig)        # abstractive head
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)  # its beam search
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
 
@@ -41,6 +46,15 @@ class Config(Section):
             raise ValueError("deepspeed.offload_optimizer needs deepspeed.zero_stage >= 1")
         if ds.offload_param != "none" and ds.zero_stage != 3:
             raise ValueError("deepspeed.offload_param needs deepspeed.zero_stage=3")
+        heads = self.decoder.heads or self.model.heads
+        if self.model.hidden % heads:
+            raise ValueError(f"decoder.heads ({heads}) must divide model.hidden ({self.model.hidden})")
+        if self.finetune.max_target_tokens + 1 > self.decoder.max_positions:
+            raise ValueError(f"finetune.max_target_tokens + 1 ({self.finetune.max_target_tokens + 1}) must fit "
+                             f"decoder.max_positions ({self.decoder.max_positions})")
+        if self.generation.max_length + 1 > self.decoder.max_positions:
+            raise ValueError(f"generation.max_length + 1 ({self.generation.max_length + 1}) must fit "
+                             f"decoder.max_positions ({self.decoder.max_positions})")
         if self.checkpoint.keep_best and self.schedule.eval_every == 0 and self.schedule.early_stop_patience:
             raise ValueError("schedule.early_stop_patience needs schedule.eval_every > 0 (evaluations during "
                              "training)")

@@ -1,0 +1,408 @@
+"""Beam-search decoding of the abstractive head (modeling/generate.py): speed and memory.
+
+Random weights and random token ids on real CNN/DM sentence lengths (only lengths matter for speed);
+every summary is forced to exactly --target-tokens subwords (min_length = max_length) so that every
+configuration does the same work. All ratios are measured inside one run, the configurations
+interleaved round by round, so that a machine whose load changes slows every configuration alike.
+
+  * batching: summary tokens/s of --batch documents at once against one document at a time (beam 5);
+  * KV cache: the cached decoder against recomputing the whole prefix at every step (same search);
+  * memory: peak memory of beam 5 against beam 1. CPU: the growth of the process's peak resident set
+    (VmHWM, reset through /proc/self/clear_refs) above its resident set before decoding (model weights
+    and the batch already there), in a fresh process per measurement so that no allocator cache from an
+    earlier run hides anything; reported for the whole call and for the decoding phase (after the encoder
+    and the memory projections). CUDA: torch.cuda.max_memory_allocated above the allocation before.
+  * cross-attention: PHT (and VHT) against flat, same batch.
+Ratios are medians over rounds of the per-round ratio (the two runs of a ratio are back to back in each
+round); the tables give the sums over all rounds.
+
+    python benchmarks/bench_generate.py                          # 2 CPU threads, H=256: the CPU targets
+    python benchmarks/bench_generate.py --device cuda --dtype bf16 --size hibert_m --batch 64
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from hibert.config.abstractive import DecoderConfig, GenerationConfig  # noqa: E402
+from hibert.config.model import ModelConfig  # noqa: E402
+from modeling.abstractive import HibertAbstractive  # noqa: E402
+from modeling.generate import generate  # noqa: E402
+from modeling.packing import pack_documents  # noqa: E402
+from workload import machine  # noqa: E402
+
+SIZES = {"small": dict(hidden=256, heads=4, layers=6), "hibert_m": dict(hidden=768, heads=12, layers=6)}
+TARGETS = {"batch_speedup": 3.0, "cache_speedup": 2.0, "memory_ratio_max": 1.3, "pht_time_ratio_max": 1.2}
+
+
+def sentence_lengths(seed: int) -> list[int]:
+    """CNN/DM sentence lengths (words + EOS, at most 51) when the shared data is there, else uniform."""
+    try:
+        from workload import cnndm_lengths
+
+        lens = [n for doc in cnndm_lengths(limit=400) for n in doc]
+    except OSError:
+        lens = np.random.default_rng(seed).integers(8, 46, 4000).tolist()
+    return lens
+
+
+def make_docs(n: int, tokens: int, vocab: int, seed: int) -> list[list[np.ndarray]]:
+    """`n` documents of exactly `tokens` encoder tokens (words + one EOS per sentence)."""
+    rng = np.random.default_rng(seed)
+    lens = sentence_lengths(seed)
+    docs = []
+    for _ in range(n):
+        doc, left, i = [], tokens, int(rng.integers(len(lens)))
+        while left > 1:
+            size = min(lens[i % len(lens)], left)
+            doc.append(rng.integers(6, vocab, size - 1))
+            left -= size
+            i += 1
+        docs.append(doc)
+    return docs
+
+
+def build(args, cross: str) -> HibertAbstractive:
+    size = SIZES[args.size]
+    enc = ModelConfig(name=args.size, vocab_size=args.vocab, dropout=0.0, max_positions=512, **size)
+    dec = DecoderConfig(layers=size["layers"], dropout=0.0, cross_attention=cross, max_positions=512)
+    torch.manual_seed(args.seed)
+    return HibertAbstractive(enc, dec).to(args.device).eval()
+
+
+def gen_config(args, beam: int) -> GenerationConfig:
+    return GenerationConfig(beam_size=beam, min_length=args.target_tokens, max_length=args.target_tokens,
+                            length_penalty=0.6, no_repeat_ngram=3, batch_size=args.batch)
+
+
+def word_start_mask(vocab: int, device: str) -> torch.Tensor:
+    """A SentencePiece-like mask: about 70% of pieces start a word."""
+    return torch.from_numpy(np.random.default_rng(1).random(vocab) < 0.7).to(device)
+
+
+def autocast(args):
+    return torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_once(model, docs, gen, ws, args, use_cache: bool = True) -> tuple[float, float]:
+    """(seconds for generate() over `docs` in batches of len(docs), seconds of that spent encoding)."""
+    batch = pack_documents(docs).to(args.device)
+    with torch.no_grad(), autocast(args):
+        sync(args.device)
+        start = time.perf_counter()
+        hyps = generate(model, batch, gen, word_start=ws, use_cache=use_cache)
+        sync(args.device)
+        total = time.perf_counter() - start
+        start = time.perf_counter()
+        model.encode(batch)
+        sync(args.device)
+        encode = time.perf_counter() - start
+    assert all(len(h.tokens) == gen.max_length for h in hyps), [len(h.tokens) for h in hyps]
+    return total, encode
+
+
+def timed(configs: dict, rounds: int) -> dict:
+    """Interleaved rounds: one call of every configuration per round; sums of seconds and documents."""
+    out = {name: dict(seconds=[], encode_seconds=[], docs=0) for name in configs}
+    for fn in configs.values():  # warm-up
+        fn(warmup=True)
+    for r in range(rounds):
+        for name, fn in configs.items():
+            log(f"round {r + 1}/{rounds}: {name}")
+            seconds, encode, docs = fn(warmup=False)
+            out[name]["seconds"].append(seconds)
+            out[name]["encode_seconds"].append(encode)
+            out[name]["docs"] += docs
+    return out
+
+
+def summarize(raw: dict, target_tokens: int) -> dict:
+    res = {}
+    for name, r in raw.items():
+        seconds, enc = sum(r["seconds"]), sum(r["encode_seconds"])
+        tokens = r["docs"] * target_tokens
+        per_round = tokens / len(r["seconds"])
+        res[name] = dict(docs=r["docs"], seconds=seconds, summaries_per_s=r["docs"] / seconds,
+                         summary_tokens_per_s=tokens / seconds, encode_seconds=enc,
+                         decode_tokens_per_s=tokens / max(seconds - enc, 1e-9), round_seconds=r["seconds"],
+                         round_tokens_per_s=[per_round / x for x in r["seconds"]])
+    return res
+
+
+def paired_ratio(res: dict, a: str, b: str) -> tuple[float, list[float], float]:
+    """Median over rounds of a's tokens/s over b's, each round's two runs back to back (a machine whose
+    speed drifts between rounds does not bias it), the per-round values, and the pooled ratio (all
+    rounds' tokens over all rounds' seconds)."""
+    ratios = [x / y for x, y in zip(res[a]["round_tokens_per_s"], res[b]["round_tokens_per_s"])]
+    return statistics.median(ratios), ratios, res[a]["summary_tokens_per_s"] / res[b]["summary_tokens_per_s"]
+
+
+def throughput(args, ws) -> dict:
+    docs = make_docs(args.batch, args.source_tokens, args.vocab, args.seed)
+    models = {c: build(args, c) for c in args.cross}
+    gen = gen_config(args, args.beam)
+    short = gen.model_copy(update={"min_length": 4, "max_length": 4})
+
+    def single(warmup: bool):  # one document at a time, args.single_docs of them
+        seconds = encode = 0.0
+        for d in docs[: 1 if warmup else args.single_docs]:
+            s, e = run_once(models["flat"], [d], short if warmup else gen, ws, args)
+            seconds, encode = seconds + s, encode + e
+        return seconds, encode, args.single_docs
+
+    def batched(cross: str):
+        def fn(warmup: bool):
+            s, e = run_once(models[cross], docs, short if warmup else gen, ws, args)
+            return s, e, len(docs)
+        return fn
+
+    configs = {"flat_batch1": single, **{f"{c}_batch{args.batch}": batched(c) for c in args.cross}}
+    return summarize(timed(configs, args.rounds), args.target_tokens)
+
+
+def cache_vs_recompute(args, ws) -> dict:
+    docs = make_docs(args.cache_batch, args.source_tokens, args.vocab, args.seed + 1)
+    model = build(args, "flat")
+    gen = gen_config(args, args.beam)
+    short = gen.model_copy(update={"min_length": 4, "max_length": 4})
+
+    def make(use_cache: bool):
+        def fn(warmup: bool):
+            s, e = run_once(model, docs, short if warmup else gen, ws, args, use_cache=use_cache)
+            return s, e, len(docs)
+        return fn
+
+    return summarize(timed({"kv_cache": make(True), "recompute_prefix": make(False)}, args.cache_rounds),
+                     args.target_tokens)
+
+
+# ------------------------------------------------------------------------------------------ memory
+def _status_kib(field: str) -> int:
+    return int(re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1))
+
+
+def _reset_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux >= 4.0)
+
+
+def _tensor_bytes(prof, mark: str) -> tuple[int, int, int]:
+    """Live bytes allocated through torch's CPU allocator during the profiled call, from the profiler's
+    per-op allocation records in time order: (peak before `mark`, live at `mark`, peak after it)."""
+    live = before = at = after = 0
+    seen_mark = False
+    for e in sorted(prof.events(), key=lambda e: e.time_range.start):
+        if e.name == mark:
+            seen_mark, at = True, live
+        live += e.self_cpu_memory_usage
+        if seen_mark:
+            after = max(after, live)
+        else:
+            before = max(before, live)
+    return before, at, after
+
+
+def memory_probe(args, beam: int, kind: str) -> dict:
+    """Runs in a fresh process: peak memory of one generate() call at `beam`, whole call and decoding
+    phase. `kind`: rss (process resident set) or tensors (torch CPU allocator, via the profiler)."""
+    model = build(args, "flat")
+    ws = word_start_mask(args.vocab, args.device)
+    docs = make_docs(args.batch, args.source_tokens, args.vocab, args.seed)
+    batch = pack_documents(docs).to(args.device)
+    gen = gen_config(args, beam)
+    marks = {}
+    start_decoding = model.start_decoding
+    cuda = args.device == "cuda"
+
+    def marked_start(*a, **k):  # the encoder and the memory projections are done when this returns
+        state = start_decoding(*a, **k)
+        if cuda:
+            torch.cuda.synchronize()
+            marks["encode_peak"] = torch.cuda.max_memory_allocated()
+            marks["decode_start"] = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        elif kind == "rss":
+            marks["encode_peak"], marks["decode_start"] = _status_kib("VmHWM") * 1024, _status_kib("VmRSS") * 1024
+            _reset_peak()
+        else:
+            with torch.profiler.record_function("decode_start"):
+                pass
+        return state
+
+    model.start_decoding = marked_start
+    with torch.no_grad(), autocast(args):
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            generate(model, batch, gen, word_start=ws)
+            decode_peak = torch.cuda.max_memory_allocated()
+        elif kind == "rss":
+            _reset_peak()
+            before = _status_kib("VmRSS") * 1024
+            generate(model, batch, gen, word_start=ws)
+            decode_peak = _status_kib("VmHWM") * 1024
+        else:
+            before = 0
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+                generate(model, batch, gen, word_start=ws)
+            marks["encode_peak"], marks["decode_start"], decode_peak = _tensor_bytes(prof, "decode_start")
+    mib = 2**20
+    return dict(beam=beam, kind="cuda_allocated" if cuda else kind, baseline_mib=before / mib,
+                encode_peak_mib=(marks["encode_peak"] - before) / mib,
+                decode_start_mib=(marks["decode_start"] - before) / mib,
+                decode_peak_mib=(decode_peak - before) / mib,
+                peak_mib=(max(marks["encode_peak"], decode_peak) - before) / mib)
+
+
+def memory(args) -> dict:
+    out = {}
+    kinds = ["cuda"] if args.device == "cuda" else ["rss", "tensors"]
+    for kind in kinds:
+        for beam in (1, args.beam):
+            log(f"memory probe: {kind}, beam {beam}")
+            cmd = [sys.executable, __file__, "--memory-probe", f"{beam},{kind}"] + sys.argv[1:]
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            out[f"{kind}_beam{beam}"] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------ main
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--size", choices=sorted(SIZES), default="small")
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--batch", type=int, default=16, help="documents decoded together")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--source-tokens", type=int, default=800, help="encoder tokens per document")
+    p.add_argument("--target-tokens", type=int, default=100, help="summary subwords (min_length = max_length)")
+    p.add_argument("--single-docs", type=int, default=2, help="documents decoded one at a time per round")
+    p.add_argument("--cache-batch", type=int, default=4, help="documents in the cache vs recompute runs")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--cache-rounds", type=int, default=1)
+    p.add_argument("--cross", default="flat,pht,vht", help="cross-attention variants timed at --batch")
+    p.add_argument("--skip", default="", help="comma list of throughput,cache,memory to leave out")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads for torch")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    args.cross = args.cross.split(",")
+    if "flat" not in args.cross:
+        args.cross.insert(0, "flat")
+    if args.dtype == "bf16" and args.device != "cuda":
+        p.error("--dtype bf16 is for --device cuda")
+    return args
+
+
+def ratio_line(value: float, target: float | None, higher_is_better: bool = True, rounds: list | None = None,
+               pooled: float | None = None) -> dict:
+    line = dict(value=value)
+    if rounds is not None:
+        line.update(rounds=rounds, pooled=pooled)
+    if target is not None:
+        line.update(target=(">= " if higher_is_better else "<= ") + f"{target}",
+                    met=value >= target if higher_is_better else value <= target)
+    return line
+
+
+def main() -> None:
+    args = parse()
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    if args.memory_probe is not None:
+        beam, kind = args.memory_probe.split(",")
+        print(json.dumps(memory_probe(args, int(beam), kind)))
+        return
+    skip = set(filter(None, args.skip.split(",")))
+    ws = word_start_mask(args.vocab, args.device)
+    model = build(args, "flat")
+    params = sum(p.numel() for p in model.parameters())
+    del model
+    summary = dict(args={k: str(v) for k, v in vars(args).items() if k != "memory_probe"},
+                   machine={**machine(), "torch_threads": torch.get_num_threads()}, model=SIZES[args.size],
+                   vocab=args.vocab, parameters=params, results={}, ratios={})
+    res, ratios = summary["results"], summary["ratios"]
+    started = time.perf_counter()
+    if "throughput" not in skip:
+        res["throughput"] = throughput(args, ws)
+        t = res["throughput"]
+        b = f"_batch{args.batch}"
+        value, rounds, pooled = paired_ratio(t, "flat" + b, "flat_batch1")
+        ratios["batch_speedup"] = ratio_line(value, TARGETS["batch_speedup"], True, rounds, pooled)
+        ratios["batch_speedup_decode_only"] = ratio_line(t["flat" + b]["decode_tokens_per_s"]
+                                                         / t["flat_batch1"]["decode_tokens_per_s"], None)
+        for cross in ("pht", "vht"):
+            if cross in args.cross:  # time ratio = inverse tokens/s ratio, same documents
+                value, rounds, pooled = paired_ratio(t, "flat" + b, cross + b)
+                target = TARGETS["pht_time_ratio_max"] if cross == "pht" else None
+                ratios[f"{cross}_time_ratio"] = ratio_line(value, target, False, rounds, pooled)
+    if "cache" not in skip:
+        res["cache"] = cache_vs_recompute(args, ws)
+        value, rounds, pooled = paired_ratio(res["cache"], "kv_cache", "recompute_prefix")
+        ratios["cache_speedup"] = ratio_line(value, TARGETS["cache_speedup"], True, rounds, pooled)
+    if "memory" not in skip:
+        res["memory"] = memory(args)
+        for kind in ["cuda"] if args.device == "cuda" else ["rss", "tensors"]:
+            m1, mk = res["memory"][f"{kind}_beam1"], res["memory"][f"{kind}_beam{args.beam}"]
+            ratios[f"memory_ratio_{kind}"] = ratio_line(mk["peak_mib"] / m1["peak_mib"],
+                                                        TARGETS["memory_ratio_max"], False)
+            ratios[f"memory_ratio_{kind}_decode_phase"] = ratio_line(
+                mk["decode_peak_mib"] / m1["decode_peak_mib"], TARGETS["memory_ratio_max"], False)
+    summary["wall_seconds"] = time.perf_counter() - started
+
+    print(f"{args.size} (H={SIZES[args.size]['hidden']}, {SIZES[args.size]['layers']}+{SIZES[args.size]['layers']} "
+          f"encoder + {SIZES[args.size]['layers']} decoder layers, V={args.vocab}, {params / 1e6:.1f}M params) "
+          f"{args.dtype} on {summary['machine'].get('gpu') if args.device == 'cuda' else summary['machine']['cpu']}"
+          f", {torch.get_num_threads()} threads; beam {args.beam}, {args.source_tokens} source tokens, "
+          f"{args.target_tokens} summary tokens per document")
+    for group, rows in res.items():
+        if group == "memory":
+            print(f"{'memory (MiB above the pre-call baseline)':44} {'encoder phase':>14} {'decode start':>13} "
+                  f"{'decode peak':>12} {'call peak':>10}")
+            for name, r in rows.items():
+                print(f"  {name:42} {r['encode_peak_mib']:14.1f} {r['decode_start_mib']:13.1f} "
+                      f"{r['decode_peak_mib']:12.1f} {r['peak_mib']:10.1f}")
+            continue
+        print(f"{group:44} {'docs':>5} {'seconds':>8} {'summ/s':>7} {'tok/s':>7} {'decode tok/s':>13}")
+        for name, r in rows.items():
+            print(f"  {name:42} {r['docs']:5d} {r['seconds']:8.2f} {r['summaries_per_s']:7.2f} "
+                  f"{r['summary_tokens_per_s']:7.1f} {r['decode_tokens_per_s']:13.1f}")
+    for name, r in ratios.items():
+        target = f" (target {r['target']}: {'met' if r['met'] else 'NOT met'})" if "target" in r else ""
+        rounds = ""
+        if len(r.get("rounds", [])) > 1:
+            rounds = f"  rounds: {', '.join(f'{x:.2f}' for x in r['rounds'])}; pooled {r['pooled']:.2f}"
+        print(f"{name:44} {r['value']:.2f}{target}{rounds}")
+    out = args.out or REPO / "benchmarks/results" / f"bench_generate_{args.device}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

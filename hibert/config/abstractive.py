@@ -1,0 +1,49 @@
+"""`decoder:` and `generation:` sections — the abstractive head on HIBERT (Transformer decoder with
+cross-attention to the encoder's token states, optional pointer-generator copy) and its beam search.
+
+The decoder's hidden size is the encoder's (`model.hidden`); `heads`/`ffn` default to the encoder's.
+`generation` is exported next to a finetuned model as generation.json, so it stays flat and plain.
+"""
+import warnings
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from hibert.config.base import Section
+
+with warnings.catch_warnings():
+    # `copy` shadows pydantic v1's deprecated BaseModel.copy(); the name is part of the exported config.
+    warnings.filterwarnings("ignore", message='Field name "copy"', category=UserWarning)
+
+    class DecoderConfig(Section):
+        layers: int = Field(6, ge=1, le=64)
+        heads: int | None = Field(None, ge=1)      # None -> model.heads (must divide model.hidden)
+        ffn: int | None = Field(None, ge=1)        # None -> 4 * model.hidden
+        dropout: float = Field(0.1, ge=0.0, lt=1.0)
+        max_positions: int = Field(512, ge=2, le=65536)  # target positions: its own sinusoidal table
+        norm_first: bool = False                  # False = post-LN (Vaswani et al.), True = pre-LN
+        # cross-attention to the memory: flat multi-head over every source token of the document, or
+        # Ma & Zong's parallel (PHT, eq. 7-10) / vertical (VHT, eq. 11-13) hierarchical attention
+        cross_attention: Literal["flat", "pht", "vht"] = "flat"
+        copy: bool = False                        # pointer-generator (See et al. 2017) over source subwords
+        tie_input_embeddings: bool = True         # target embeddings = the HIBERT token table
+        tie_output_embeddings: bool = True        # vocabulary projection = the (decoder's) input table
+        add_sentence_vectors: bool = True         # memory token state + its sentence's document-level vector
+        # (rules that involve model.hidden/heads are checked where both are known: modeling.abstractive)
+
+
+class GenerationConfig(Section):
+    beam_size: int = Field(5, ge=1, le=256)
+    min_length: int = Field(0, ge=0)           # subwords before EOS may end a summary ([SEP] counts)
+    max_length: int = Field(150, ge=1)         # subwords; EOS is forced after this many
+    length_penalty: float = Field(0.6, ge=0.0, le=10.0)  # GNMT alpha: score = log p / ((5 + |Y|) / 6)^alpha
+    no_repeat_ngram: int = Field(3, ge=0, le=32)  # word n-grams never repeated; 0 = off
+    early_stopping: bool = True                # stop a document once no open beam can beat its best summary
+    batch_size: int = Field(16, ge=1)          # documents decoded together
+
+    @model_validator(mode="after")
+    def _check(self) -> "GenerationConfig":
+        if self.min_length > self.max_length:
+            raise ValueError(f"generation.min_length ({self.min_length}) must be <= generation.max_length "
+                             f"({self.max_length})")
+        return self

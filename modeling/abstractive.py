@@ -1,0 +1,674 @@
+"""Abstractive summarization on HIBERT: a Transformer decoder with cross-attention to the encoder memory,
+optionally hierarchical (Ma & Zong, PHT eq. 7-10 / VHT eq. 11-13) and with a pointer-generator copy
+(See et al. 2017; Chowdhury et al. §2).
+
+Memory. Every real source token's sentence-level state (`EncoderOutput.token_flat`), plus, by default, the
+document-level vector of its sentence (`sentence_states`): one flat, padding-free stream, documents back
+to back. Token-wise work (the K/V projections) runs on that stream; attention views it as a [B, L] grid
+with a key mask (L = longest document in tokens), or, for VHT, as a [B, D, T] sentence grid.
+
+Queries. Cross-attention always sees queries as a [B, Q, H] grid: Q = target positions when teacher
+forcing, Q = beams when decoding one step (beams are folded into the query axis, so each document's memory
+K/V is computed once and never tiled), Q = beams x prefix when recomputing a prefix (benchmark only).
+
+Self-attention runs through `modeling.layers.attention` when teacher forcing (flat causal stream, varlen
+kernel on CUDA) and through `KVCache` when decoding step by step: same layers, same weights.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.attention import sdpa_kernel
+
+from hibert.config.abstractive import DecoderConfig
+from hibert.config.model import ModelConfig
+from hibert.tokens import PAD_ID
+from modeling.encoder import EncoderOutput, HibertEncoder
+from modeling.layers import _CUDA_SDPA_BACKENDS, Layout, TransformerLayer, attention, init_weights, sinusoidal_table
+from modeling.packing import Document, PackedDocuments, Sentence, TensorBundle, pack_documents, round_up
+from modeling.pretraining import _decoder_fields, token_losses
+
+SelfAttention = Callable[[Tensor], Tensor]  # qkv [N, 3H] -> attended values [N, H] (before attn_out)
+
+
+# ---------------------------------------------------------------------------------------------- batch
+@dataclass
+class AbstractiveBatch(TensorBundle):
+    """B documents and their B target summaries, flat: decoder input BOS + target, labels target + EOS
+    (teacher forcing), Nd real decoder slots in all (the packed layout of `_decoder_fields`)."""
+
+    docs: PackedDocuments
+    dec_tokens: Tensor        # [Nd] decoder input ids
+    dec_labels: Tensor        # [Nd] next-token targets
+    dec_pos: Tensor           # [Nd] position in its target
+    dec_doc: Tensor           # [Nd] document of each slot
+    dec_index: Tensor         # [Nd] slot in the flat B*Td grid
+    dec_cu: Tensor            # [B + 1] int32 start of each target in the stream
+    target_lens: Tensor       # [B] decoder length of each target: subwords + 1
+    max_target_len: int       # Td
+    num_target_tokens: int    # real predicted tokens (subwords + EOS of every target)
+
+    @property
+    def num_docs(self) -> int:
+        return self.target_lens.shape[0]
+
+
+def make_abstractive_batch(docs: Sequence[Document], targets: Sequence[Sentence],
+                           pad_to_multiple: int = 8) -> AbstractiveBatch:
+    """Padding-free batch. `docs`: lists of sentences of token ids (no specials); `targets[b]`: the summary
+    subwords of document b (no specials; the caller joins summary sentences with SEP_ID)."""
+    if len(docs) != len(targets):
+        raise ValueError(f"{len(docs)} documents but {len(targets)} targets")
+    packed = pack_documents(docs, pad_to_multiple)
+    fields = _decoder_fields([[t] for t in targets], np.arange(len(docs), dtype=np.int64), None, pad_to_multiple)
+    return AbstractiveBatch(
+        docs=packed, dec_tokens=fields["dec_tokens"], dec_labels=fields["dec_labels"], dec_pos=fields["dec_pos"],
+        dec_doc=fields["dec_rows"], dec_index=fields["dec_index"], dec_cu=fields["dec_cu"],
+        target_lens=fields["target_lens"], max_target_len=fields["max_target_len"],
+        num_target_tokens=fields["num_target_tokens"],
+    )
+
+
+@dataclass
+class AbstractiveOutput:
+    loss: Tensor               # mean per target token, label-smoothed if asked: what is backpropagated
+    nll_sum: Tensor            # summed NLL without smoothing (detached)
+    num_target_tokens: int     # the count nll_sum is summed over
+    log_probs: Tensor | None = None  # [Nd, V] fp32 next-token log-probabilities (the copy mixture) when asked
+
+
+# ---------------------------------------------------------------------------------------------- memory
+@dataclass
+class SourceMemory:
+    """The encoder memory of B documents, ready for every cross-attention variant to project."""
+
+    states: Tensor          # [N, H] real source tokens, documents back to back (stream order)
+    slot: Tensor            # [N] place of each token on the [B, L] document grid
+    sentence_slot: Tensor   # [N] place of each token on the [B, D, T] sentence grid (VHT)
+    key_mask: Tensor        # [B, L] bool, True = a real token
+    token_mask: Tensor      # [B, D, T] bool, True = a real token (padding sentences: slot 0, never used)
+    ids: Tensor             # [B, L] source ids (PAD at padding): where copied probability goes
+    grid_ids: Tensor        # [B, D * T] the same on the sentence grid
+    segment: Tensor         # [B, L] sentence of each slot within its document (0 at padding)
+    sentences: Tensor       # [B, D, H] document-level sentence vectors (zeros at padding)
+    sentence_mask: Tensor   # [B, D] bool
+    rank: Tensor            # [D, H] sinusoidal embedding of sentence positions (Ma & Zong eq. 6, 11: R)
+
+    @property
+    def num_docs(self) -> int:
+        return self.key_mask.shape[0]
+
+
+def source_memory(encoded: EncoderOutput, add_sentence_vectors: bool, pad_to_multiple: int = 8) -> SourceMemory:
+    """Flat memory stream and its grid placements, built on the device from the packed layout."""
+    docs = encoded.docs
+    if docs.token_index is None:
+        raise ValueError("abstractive models read the packed layout (pack_documents), not pad_documents")
+    rows = torch.repeat_interleave(torch.arange(docs.tokens.shape[0], device=docs.sent_lens.device),
+                                   docs.sent_lens, output_size=docs.num_real_tokens)  # [N] row of each token
+    doc = docs.doc_index[rows]
+    b, d = docs.num_docs, docs.max_doc_len
+    t = docs.max_sentence_len
+    doc_tokens = torch.zeros(b, dtype=torch.long, device=rows.device).index_add_(0, docs.doc_index, docs.sent_lens)
+    width = round_up(int(doc_tokens.max()), pad_to_multiple)
+    first = doc_tokens.cumsum(0) - doc_tokens
+    slot = doc * width + torch.arange(rows.shape[0], device=rows.device) - first[doc]
+    sent_pos = docs.sent_pos[rows]
+    sentence_slot = (doc * d + sent_pos) * t + docs.token_pos
+
+    ids = docs.tokens.reshape(-1).index_select(0, docs.token_index)
+    grid = lambda fill, src: src.new_full((b * width,), fill).index_copy(0, slot, src).view(b, width)  # noqa: E731
+    key_mask = grid(False, torch.ones_like(ids, dtype=torch.bool))
+    token_mask = docs.tokens.new_zeros(b * d * t, dtype=torch.bool).index_fill_(0, sentence_slot, True).view(b, d, t)
+    token_mask[:, :, 0] |= ~docs.doc_mask  # a padding sentence gets one (zero) key: no fully masked softmax row
+    states = encoded.token_flat
+    if add_sentence_vectors:
+        states = states + encoded.sentence_states.index_select(0, rows)
+    sentences, sentence_mask = encoded.sentences_by_document()
+    return SourceMemory(
+        states=states, slot=slot, sentence_slot=sentence_slot, key_mask=key_mask, token_mask=token_mask,
+        ids=grid(PAD_ID, ids),
+        grid_ids=ids.new_full((b * d * t,), PAD_ID).index_copy(0, sentence_slot, ids).view(b, d * t),
+        segment=grid(0, sent_pos), sentences=sentences, sentence_mask=sentence_mask,
+        rank=sinusoidal_table(d, states.shape[1]).to(device=states.device, dtype=sentences.dtype),
+    )
+
+
+@dataclass
+class CrossCache(TensorBundle):
+    """One layer's projected memory for B documents (computed once per batch); every field has the
+    documents on dim 0, so dropping finished documents is one index_select per field."""
+
+    keys: Tensor                       # [B, heads, L, d]; PHT: [B, heads, d, L]; VHT: [B, heads, D, T, d]
+    values: Tensor
+    key_mask: Tensor                   # [B, L]  ([B, D, T] for VHT)
+    ids: Tensor                        # [B, L]  ([B, D * T] for VHT): source ids under the token attention
+    segment: Tensor | None = None      # [B, L] sentence of each key (PHT)
+    sent_keys: Tensor | None = None    # [B, heads, D, d] (PHT)
+    sent_values: Tensor | None = None
+    sent_mask: Tensor | None = None    # [B, D] (PHT, VHT)
+    rank: Tensor | None = None         # [B, D, H] sentence-position embeddings (VHT, eq. 11)
+    key_bias: Tensor | None = None     # [B, 1, 1, L] 0 / -inf: the key mask as SDPA's cheaper additive form
+
+    def select(self, docs: Tensor) -> "CrossCache":
+        return self._map(lambda t: t.index_select(0, docs))
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Fused attention; on CUDA without cuDNN attention, as in `modeling.layers.attention` (it plans
+    per shape, and decoding shapes change as documents finish)."""
+    if q.is_cuda:
+        with sdpa_kernel(_CUDA_SDPA_BACKENDS):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _split_heads(x: Tensor, heads: int) -> Tensor:
+    """[..., Q, H] -> [..., heads, Q, d]."""
+    *lead, q, h = x.shape
+    return x.view(*lead, q, heads, h // heads).transpose(-2, -3)
+
+
+def _merge_heads(x: Tensor) -> Tensor:
+    """[..., heads, Q, d] -> [..., Q, H]."""
+    *lead, heads, q, d = x.shape
+    return x.transpose(-2, -3).reshape(*lead, q, heads * d)
+
+
+def _grid_kv(proj: Tensor, slot: Tensor, shape: tuple[int, ...], heads: int) -> tuple[Tensor, Tensor]:
+    """K/V projections of the flat memory `proj [N, 2H]` placed on a zero grid `shape` (e.g. (B, L)):
+    two [*shape[:1], heads, *shape[1:], d] tensors, contiguous for the attention matmuls."""
+    n, width = proj.shape
+    hidden = width // 2
+    grid = proj.new_zeros(math.prod(shape), width).index_copy(0, slot, proj)
+    grid = grid.view(*shape, 2, heads, hidden // heads)
+    k, v = grid.unbind(-3)                                   # [B, *rest, heads, d]
+    order = (0, k.dim() - 2, *range(1, k.dim() - 2), k.dim() - 1)
+    return k.permute(order).contiguous(), v.permute(order).contiguous()
+
+
+def segment_softmax(scores: Tensor, segment: Tensor, num_segments: int, weights: Tensor | None = None,
+                    nonempty: Tensor | None = None) -> Tensor:
+    """Softmax of `scores [B, h, Q, L]` within each segment (`segment [B, L]` in 0..num_segments-1;
+    masked keys must score -inf), times `weights [B, h or 1, Q, num_segments]` of the segment if given.
+    `nonempty [B, num_segments]`: which segments hold a key (derived from `segment` when not given).
+    Exact for any score range: each segment is shifted by its own max (detached: softmax does not depend
+    on it), so none underflows. Without autograd it works in place (`scores` may be consumed); on the CPU it
+    first shifts by the row max (one cheap reduction instead of a scatter-max pass) and keeps that unless
+    some segment's sum underflowed (all its scores ~70 below the row's best), which a branch checks — a
+    branch that would be a device sync on CUDA, where the exact path always runs."""
+    index = segment[:, None, None, :].expand_as(scores)
+    shape = (*scores.shape[:-1], num_segments)
+    grad = scores.requires_grad
+    if not grad and not scores.is_cuda:
+        e = (scores - scores.amax(-1, keepdim=True)).exp_()
+        total = scores.new_zeros(shape).scatter_add_(-1, index, e)
+        if nonempty is None:
+            nonempty = torch.zeros(shape[0], num_segments, dtype=torch.bool, device=scores.device)
+            nonempty.scatter_(-1, segment, True)
+        if not bool(((total < 1e-30) & nonempty[:, None, None, :]).any()):
+            return _scale_segments(e, total, index, weights, grad)
+        # else: an exact per-segment shift, below
+    top = scores.new_full(shape, -math.inf).scatter_reduce_(-1, index, scores.detach(), "amax", include_self=True)
+    top = top.gather(-1, index)
+    e = (scores - top).exp() if grad else scores.sub_(top).exp_()
+    return _scale_segments(e, scores.new_zeros(shape).scatter_add(-1, index, e), index, weights, grad)
+
+
+def _scale_segments(e: Tensor, total: Tensor, index: Tensor, weights: Tensor | None, grad: bool) -> Tensor:
+    """e / (its segment's total) x (its segment's weight)."""
+    total = torch.where(total > 0, total, 1.0)  # empty segments (padding sentences): no 0/0, not even in backward
+    scale = (1 / total if weights is None else weights / total).gather(-1, index)
+    return e * scale if grad else e.mul_(scale)
+
+
+# ---------------------------------------------------------------------------------------------- cross-attention
+class FlatCrossAttention(nn.Module):
+    """Standard multi-head attention from the decoder to every memory token of its document."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        h = cfg.hidden
+        self.heads = cfg.heads
+        self.scale = (h // cfg.heads) ** -0.5
+        self.q = nn.Linear(h, h)
+        self.kv = nn.Linear(h, 2 * h)
+        self.out = nn.Linear(h, h)
+
+    def prepare(self, mem: SourceMemory) -> CrossCache:
+        k, v = _grid_kv(self.kv(mem.states), mem.slot, tuple(mem.key_mask.shape), self.heads)
+        bias = torch.zeros_like(mem.key_mask, dtype=k.dtype).masked_fill(~mem.key_mask, -math.inf)
+        return CrossCache(keys=k, values=v, key_mask=mem.key_mask, ids=mem.ids, key_bias=bias[:, None, None, :])
+
+    def _scores(self, q: Tensor, cache: CrossCache) -> Tensor:
+        """fp32 scores [B, h, Q, L] of scaled queries, -inf at padding (a fresh tensor)."""
+        s = (q @ self._keys_t(cache)).float()
+        return s.add_(cache.key_bias)
+
+    def _keys_t(self, cache: CrossCache) -> Tensor:
+        return cache.keys.transpose(-1, -2)
+
+    def forward(self, x: Tensor, cache: CrossCache, want_attention: bool = False) -> tuple[Tensor, Tensor | None]:
+        """`x [B, Q, H]` -> (context [B, Q, H], token attention [B, Q, L] (mean over heads) or None)."""
+        q = _split_heads(self.q(x), self.heads)
+        if not want_attention:
+            out = _sdpa(q, cache.keys, cache.values, cache.key_bias)
+            return self.out(_merge_heads(out)), None
+        p = torch.softmax(self._scores(q * self.scale, cache), dim=-1)
+        out = p.to(cache.values.dtype) @ cache.values
+        return self.out(_merge_heads(out)), p.mean(1)
+
+
+class ParallelCrossAttention(FlatCrossAttention):
+    """PHT (Ma & Zong §3.1.2, eq. 7-10), with HIBERT's sentences as the paragraphs.
+
+    Reading of the paper: the sentence-level attention (eq. 7) is a multi-head attention whose query is
+    the decoder state X^1 and whose keys AND values are the *static* paragraph embeddings Phi plus the
+    ranking encoding R (eq. 6) — here Phi = HIBERT's document-level sentence vectors, R = the sinusoid of
+    the sentence's position in its document. Its attention weights, averaged over heads (footnote 5), are
+    A^para [Q, D]. The word-level attention (eq. 8) is one multi-head attention per sentence: a softmax over
+    that sentence's tokens only. Eq. 9 sums the per-sentence outputs weighted by A^para, eq. 10 adds both
+    contexts to the residual: X^2 = LN(X^1 + X^para + X^int).
+
+    Computed exactly and at flat's cost: one score matmul over all memory tokens, a softmax within each
+    sentence (`segment_softmax`), times A^para of the token's sentence — a distribution over tokens (per
+    head it sums to sum_p A_p = 1) — then one value matmul. Because the output projection is linear and the
+    A_p sum to 1, out(p @ V) = sum_p A_p X_p^word, bias included, i.e. exactly eq. 9."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        h = cfg.hidden
+        self.sent_q = nn.Linear(h, h)
+        self.sent_kv = nn.Linear(h, 2 * h)
+        self.sent_out = nn.Linear(h, h)
+
+    def prepare(self, mem: SourceMemory) -> CrossCache:
+        cache = super().prepare(mem)
+        phi = mem.sentences + mem.rank  # eq. 6: Phi := Phi + R
+        ks, vs = (_split_heads(t, self.heads).contiguous() for t in self.sent_kv(phi).chunk(2, dim=-1))
+        cache.keys = cache.keys.transpose(-1, -2).contiguous()  # PHT never calls SDPA: keep K^T for q @ K^T
+        cache.segment, cache.sent_mask = mem.segment, mem.sentence_mask
+        cache.sent_keys, cache.sent_values = ks, vs  # [B, h, D, d]
+        return cache
+
+    def _keys_t(self, cache: CrossCache) -> Tensor:
+        return cache.keys
+
+    def forward(self, x: Tensor, cache: CrossCache, want_attention: bool = False) -> tuple[Tensor, Tensor | None]:
+        token_p, sent_context = self.distributions(x, cache)
+        out = self.out(_merge_heads(token_p.to(cache.values.dtype) @ cache.values))  # eq. 8-9
+        return sent_context + out, token_p.mean(1) if want_attention else None      # eq. 10 (sum part)
+
+    def distributions(self, x: Tensor, cache: CrossCache) -> tuple[Tensor, Tensor]:
+        """(per-head token distribution [B, h, Q, L] = A^para x within-sentence softmax, X^para [B, Q, H])."""
+        qs = _split_heads(self.sent_q(x), self.heads)
+        s = (qs @ cache.sent_keys.transpose(-1, -2)).float() * self.scale
+        a_heads = torch.softmax(s.masked_fill(~cache.sent_mask[:, None, None, :], -math.inf), dim=-1)  # eq. 7
+        sent_context = self.sent_out(_merge_heads(a_heads.to(cache.sent_values.dtype) @ cache.sent_values))
+        a_para = a_heads.mean(1, keepdim=True)                                    # [B, 1, Q, D], footnote 5
+        q = _split_heads(self.q(x), self.heads) * self.scale
+        # eq. 8's softmax within each sentence, times A^para of the sentence (eq. 9), in one pass
+        p = segment_softmax(self._scores(q, cache), cache.segment, a_para.shape[-1], a_para, cache.sent_mask)
+        return p, sent_context
+
+
+class VerticalCrossAttention(nn.Module):
+    """VHT (Ma & Zong §3.2, eq. 11-13), with HIBERT's sentences as the paragraphs.
+
+    Reading of the paper: no static paragraph embeddings. The word-level multi-head attention (eq. 8) runs
+    within every sentence, giving per query one context vector per sentence, X_t^word [D, H] — the
+    *dynamic* paragraph embeddings. The ranking encoding is added (eq. 11), and a second multi-head
+    attention with query X_t^1 uses them as keys AND values (eq. 12); its output alone is the cross-attention
+    context (eq. 13: X^2 = LN(X^1 + X^para)). Done on the [B, D, T] sentence grid: per-sentence context
+    vectors are a batched matmul per sentence (VHT's extra cost over flat/PHT is the sentence-level
+    projections of D context vectors per query, which the paper also reports).
+
+    Token distribution (for copy): sentence attention averaged over heads x within-sentence attention
+    averaged over heads — it sums to 1 over the document's tokens."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        h = cfg.hidden
+        self.heads = cfg.heads
+        self.scale = (h // cfg.heads) ** -0.5
+        self.q, self.kv, self.out = nn.Linear(h, h), nn.Linear(h, 2 * h), nn.Linear(h, h)
+        self.sent_q, self.sent_kv, self.sent_out = nn.Linear(h, h), nn.Linear(h, 2 * h), nn.Linear(h, h)
+
+    def prepare(self, mem: SourceMemory) -> CrossCache:
+        k, v = _grid_kv(self.kv(mem.states), mem.sentence_slot, tuple(mem.token_mask.shape), self.heads)
+        return CrossCache(keys=k, values=v, key_mask=mem.token_mask, ids=mem.grid_ids, sent_mask=mem.sentence_mask,
+                          rank=mem.rank.expand(mem.num_docs, -1, -1).contiguous())
+
+    def forward(self, x: Tensor, cache: CrossCache, want_attention: bool = False) -> tuple[Tensor, Tensor | None]:
+        q = _split_heads(self.q(x), self.heads) * self.scale                     # [B, h, Q, d]
+        s = (q[:, :, None] @ cache.keys.transpose(-1, -2)).float()               # [B, h, D, Q, T]
+        alpha = torch.softmax(s.masked_fill(~cache.key_mask[:, None, :, None, :], -math.inf), dim=-1)
+        words = (alpha.to(cache.values.dtype) @ cache.values).transpose(1, 2)     # [B, D, h, Q, d]
+        words = self.out(_merge_heads(words)) + cache.rank[:, :, None, :]          # eq. 8 and 11: [B, D, Q, H]
+        ks, vs = (_split_heads(t, self.heads).permute(0, 2, 3, 1, 4) for t in self.sent_kv(words).chunk(2, -1))
+        qs = _split_heads(self.sent_q(x), self.heads)[:, :, :, None]              # [B, h, Q, 1, d]
+        sb = (qs @ ks.transpose(-1, -2)).float().squeeze(-2) * self.scale         # [B, h, Q, D]
+        beta = torch.softmax(sb.masked_fill(~cache.sent_mask[:, None, None, :], -math.inf), dim=-1)  # eq. 12
+        context = self.sent_out(_merge_heads((beta[..., None, :].to(vs.dtype) @ vs).squeeze(-2)))   # eq. 13
+        if not want_attention:
+            return context, None
+        token_p = beta.mean(1)[..., None] * alpha.mean(1).transpose(1, 2)        # [B, Q, D, T]
+        return context, token_p.flatten(2)
+
+
+CROSS_ATTENTION = {"flat": FlatCrossAttention, "pht": ParallelCrossAttention, "vht": VerticalCrossAttention}
+
+
+# ---------------------------------------------------------------------------------------------- decoder
+def decoder_model_config(enc: ModelConfig, dec: DecoderConfig) -> ModelConfig:
+    """The ModelConfig the decoder layers are built from: the encoder's width, vocabulary and activation;
+    the decoder's depth, heads, FFN, dropout and norm placement."""
+    fields = enc.model_dump()
+    fields.update(heads=dec.heads or enc.heads, ffn=dec.ffn, dropout=dec.dropout, norm_first=dec.norm_first,
+                  layers=dec.layers, decoder_layers=None, max_positions=dec.max_positions,
+                  activation_checkpointing=False)
+    if enc.hidden % fields["heads"]:
+        raise ValueError(f"decoder.heads ({fields['heads']}) must divide model.hidden ({enc.hidden})")
+    return ModelConfig(**fields)
+
+
+@dataclass(frozen=True)
+class QueryLayout:
+    """Where the decoder's rows `x [N, H]` sit on the [B, Q] query grid of cross-attention."""
+
+    num_docs: int
+    width: int                  # Q
+    index: Tensor | None = None  # [N] slot in the B*Q grid; None = the rows are the grid, in order
+
+    def to_grid(self, x: Tensor) -> Tensor:
+        if self.index is not None:
+            x = x.new_zeros(self.num_docs * self.width, x.shape[-1]).index_copy(0, self.index, x)
+        return x.view(self.num_docs, self.width, -1)
+
+    def from_grid(self, g: Tensor) -> Tensor:
+        g = g.reshape(self.num_docs * self.width, -1)
+        return g if self.index is None else g.index_select(0, self.index)
+
+
+class DecoderLayer(TransformerLayer):
+    """Causal self-attention, cross-attention to the memory, FFN; residuals and LayerNorm post (paper) or
+    pre (cfg.norm_first). The self-attention and FFN parameters are a `TransformerLayer`'s (same names as
+    the pretraining decoder's layers, so they can start from them); `self_attention` is injected so that
+    teacher forcing (flat causal stream) and cached decoding share every weight and every line here."""
+
+    def __init__(self, cfg: ModelConfig, cross_attention: str):
+        super().__init__(cfg)
+        self.cross = CROSS_ATTENTION[cross_attention](cfg)
+        self.cross_norm = nn.LayerNorm(cfg.hidden)
+
+    def forward(self, x: Tensor, self_attention: SelfAttention, queries: QueryLayout, memory: CrossCache,
+                want_attention: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+        """-> (output [N, H], cross context [N, H], token attention [N, L] (mean over heads) or None)."""
+        pre = self.norm_first
+        h = self.attn_norm(x) if pre else x
+        x = x + self.dropout(self.attn_out(self_attention(self.qkv(h))))
+        if not pre:
+            x = self.attn_norm(x)
+        h = self.cross_norm(x) if pre else x
+        context, attn = self.cross(queries.to_grid(h), memory, want_attention)
+        context = queries.from_grid(context)
+        x = x + self.dropout(context)
+        if not pre:
+            x = self.cross_norm(x)
+        x = x + self._ffn(self.ffn_norm(x) if pre else x)
+        if not pre:
+            x = self.ffn_norm(x)
+        return x, context, None if attn is None else queries.from_grid(attn)
+
+
+class KVCache:
+    """Self-attention keys/values of every decoder layer for R hypotheses (B documents x K beams),
+    preallocated for `max_len` positions and written in place at the current step.
+
+    Time-major, [layers, 2, max_len, R, H]: following the beams' backpointers (`reorder`) is then, per
+    layer, one gather of whole rows over the filled prefix (measured on 2 CPU cores, B=16, K=5, H=256, 6
+    layers, 50 positions: 5.5 ms, against 54 ms for index_select on the prefix of an [R, heads, max_len, d]
+    layout, whose prefix is not contiguous); attention reads the prefix as a strided [R, heads, t, d] view."""
+
+    def __init__(self, num_layers: int, rows: int, heads: int, max_len: int):
+        self.num_layers, self.rows, self.heads, self.max_len = num_layers, rows, heads, max_len
+        self.kv: Tensor | None = None  # allocated at the first write, in the dtype the layers produce
+        self.length = 0
+
+    def attend(self, layer: int, qkv: Tensor) -> Tensor:
+        """Write this step's k/v of `layer`, attend from this step's queries to positions 0..length."""
+        r, width = qkv.shape
+        t, h, hidden = self.length, self.heads, width // 3
+        if t >= self.max_len:
+            raise ValueError(f"KV cache full ({self.max_len} positions)")
+        if self.kv is None:
+            self.kv = qkv.new_zeros(self.num_layers, 2, self.max_len, r, hidden)
+        q, k, v = qkv.split(hidden, dim=1)
+        cache = self.kv[layer, :, :, :r]
+        cache[0, t] = k
+        cache[1, t] = v
+        view = lambda x: x.view(t + 1, r, h, hidden // h).permute(1, 2, 0, 3)  # noqa: E731  [R, h, t+1, d]
+        out = _sdpa(q.view(r, h, 1, hidden // h), view(cache[0, : t + 1]), view(cache[1, : t + 1]))
+        return out.view(r, hidden)
+
+    def reorder(self, rows: Tensor) -> None:
+        """Row i of the cache becomes old row `rows[i]`, for i < len(rows) (the rest is dropped)."""
+        if self.kv is not None and self.length > 0:
+            n, t = rows.shape[0], self.length
+            for layer in range(self.num_layers):
+                prefix = self.kv[layer, :, :t, : self.rows]
+                self.kv[layer, :, :t, :n] = prefix.index_select(2, rows)
+        self.rows = rows.shape[0]
+
+
+@dataclass
+class DecodeState:
+    """Everything incremental decoding keeps between steps for R = B x K hypotheses."""
+
+    memory: list[CrossCache]  # per decoder layer, B documents on dim 0, never tiled over beams
+    cache: KVCache            # self-attention K/V, R rows
+    beams: int                # K
+
+    @property
+    def num_docs(self) -> int:
+        return self.memory[0].keys.shape[0]
+
+    @property
+    def step(self) -> int:
+        return self.cache.length
+
+    def reorder(self, rows: Tensor, keep_docs: Tensor | None = None) -> None:
+        """Follow backpointers (`rows` indexes the current R rows; K per kept document) and, if
+        `keep_docs` is given, drop the other documents' memory."""
+        if keep_docs is not None:
+            self.memory = [m.select(keep_docs) for m in self.memory]
+        self.cache.reorder(rows)
+
+
+class AbstractiveDecoder(nn.Module):
+    """Transformer decoder over the target: embeddings (a token table scaled by sqrt(H) + its own sinusoidal
+    positions), `DecoderLayer`s, a final LayerNorm when pre-LN, and the output head: a (tied) vocabulary
+    projection, optionally mixed with a copy distribution over the source (pointer-generator)."""
+
+    def __init__(self, enc_cfg: ModelConfig, dec_cfg: DecoderConfig):
+        super().__init__()
+        cfg = decoder_model_config(enc_cfg, dec_cfg)
+        self.cfg, self.dec_cfg = cfg, dec_cfg
+        h = cfg.hidden
+        self.heads = cfg.heads
+        self.embed_scale = math.sqrt(h)
+        self.register_buffer("positions", sinusoidal_table(dec_cfg.max_positions, h), persistent=False)
+        self.token_embedding = (None if dec_cfg.tie_input_embeddings
+                                else nn.Embedding(cfg.vocab_size, h, padding_idx=PAD_ID))
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, dec_cfg.cross_attention) for _ in range(dec_cfg.layers))
+        self.final_norm = nn.LayerNorm(h) if cfg.norm_first else nn.Identity()
+        self.output = None if dec_cfg.tie_output_embeddings else nn.Linear(h, cfg.vocab_size, bias=False)
+        # p_gen = sigmoid(w . [context; decoder state; input embedding] + b)  (See et al. 2017, eq. 8)
+        self.copy_gate = nn.Linear(3 * h, 1) if dec_cfg.copy else None
+        self.apply(init_weights)
+
+    def embed(self, ids: Tensor, positions: Tensor, table: Tensor) -> Tensor:
+        """Target embedding before dropout: table[ids] * sqrt(H) + sinusoid(position)."""
+        return F.embedding(ids, table) * self.embed_scale + self.positions[positions].to(table.dtype)
+
+    def prepare(self, mem: SourceMemory) -> list[CrossCache]:
+        """Every layer's projected memory, once per batch of documents."""
+        return [layer.cross.prepare(mem) for layer in self.layers]
+
+    def run(self, emb: Tensor, self_attention: Callable[[int], SelfAttention], queries: QueryLayout,
+            memory: list[CrossCache]) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Decoder stack on rows `emb [N, H]` -> (final states, last layer's cross context, last layer's token
+        attention when copying)."""
+        x = self.dropout(emb)
+        context, attn = x, None
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x, context, attn = layer(x, self_attention(i), queries, memory[i],
+                                     want_attention=self.copy_gate is not None and i == last)
+        return self.final_norm(x), context, attn
+
+    def log_probs(self, logits: Tensor, hidden: Tensor, context: Tensor, attn: Tensor | None, emb: Tensor,
+                  queries: QueryLayout, memory: CrossCache) -> Tensor:
+        """fp32 next-token log-probabilities [N, V] from the vocabulary logits of `hidden`: their log
+        softmax, or the pointer-generator mixture p = p_gen p_vocab + (1 - p_gen) sum_{i: src_i = w} a_i,
+        in log space."""
+        logp_vocab = torch.log_softmax(logits.float(), dim=-1)
+        if self.copy_gate is None:
+            return logp_vocab
+        return copy_mixture(logp_vocab, self.copy_gate(torch.cat([context, hidden, emb], dim=-1)).float(),
+                            attn, queries, memory.ids)
+
+
+def copy_mixture(logp_vocab: Tensor, gate_logit: Tensor, attn: Tensor, queries: QueryLayout, ids: Tensor) -> Tensor:
+    """log(p_gen p_vocab + (1 - p_gen) p_copy), all fp32. `attn [N, L]` is a distribution over the memory
+    slots of each row's document, `ids [B, L]` their source ids (padding slots carry 0 probability); the
+    copy distribution scatters it onto the vocabulary (no extended vocabulary: SentencePiece has no OOV).
+    logaddexp keeps tokens absent from the source (log p_copy = -inf) finite and their gradients clean."""
+    grid = queries.to_grid(attn.float())                                       # [B, Q, L]
+    copy = torch.zeros(*grid.shape[:2], logp_vocab.shape[-1], dtype=torch.float32, device=grid.device)
+    copy.scatter_add_(-1, ids[:, None, :].expand(-1, grid.shape[1], -1), grid)
+    copy = queries.from_grid(copy)                                             # [N, V]
+    log_copy = torch.where(copy > 0, copy.clamp_min(1e-30).log(), -math.inf)  # clamp: no 0 * inf in backward
+    return torch.logaddexp(F.logsigmoid(gate_logit) + logp_vocab, F.logsigmoid(-gate_logit) + log_copy)
+
+
+# ---------------------------------------------------------------------------------------------- model
+class HibertAbstractive(nn.Module):
+    """HIBERT encoder + abstractive decoder. `.encoder` is the `HibertEncoder` of `HibertForPretraining` and
+    `HibertExtractive` (same keys: registered encoders load into it with strict=True); `.decoder` holds
+    everything else (no encoder weight is registered twice: the tied token table is read, not owned)."""
+
+    def __init__(self, enc_cfg: ModelConfig, dec_cfg: DecoderConfig):
+        super().__init__()
+        self.cfg, self.dec_cfg = enc_cfg, dec_cfg
+        self.encoder = HibertEncoder(enc_cfg)
+        self.decoder = AbstractiveDecoder(enc_cfg, dec_cfg)
+
+    # ------------------------------------------------------------------ parameters
+    def input_table(self) -> Tensor:
+        table = self.decoder.token_embedding
+        return self.encoder.token_embedding.weight if table is None else table.weight
+
+    def output_weight(self) -> Tensor:
+        return self.input_table() if self.decoder.output is None else self.decoder.output.weight
+
+    def encoder_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        return ((n, p) for n, p in self.named_parameters() if n.startswith("encoder."))
+
+    def decoder_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        return ((n, p) for n, p in self.named_parameters() if not n.startswith("encoder."))
+
+    @torch.no_grad()
+    def load_pretraining_decoder(self, state: dict[str, Tensor]) -> list[str]:
+        """Start the decoder's self-attention/FFN (and final LayerNorm, untied output) from a pretraining
+        `SentenceDecoder` state dict (keys with or without the 'decoder.' prefix of HibertForPretraining),
+        wherever names and shapes match; layers beyond the pretraining decoder's depth stay as they are.
+        Returns the decoder parameter names that were loaded."""
+        src = {k.removeprefix("decoder."): v for k, v in state.items() if not k.startswith("encoder.")}
+        own = self.decoder.state_dict()
+        loaded = []
+        for name, value in src.items():
+            target = name.replace("layers.layers.", "layers.", 1).replace("layers.final_norm.", "final_norm.", 1)
+            if target in own and own[target].shape == value.shape:
+                own[target].copy_(value)
+                loaded.append(target)
+        return loaded
+
+    # ------------------------------------------------------------------ encoding
+    def encode(self, docs: PackedDocuments) -> list[CrossCache]:
+        """Encoder, memory and every layer's projected memory: once per batch of documents."""
+        return self.decoder.prepare(source_memory(self.encoder(docs), self.dec_cfg.add_sentence_vectors))
+
+    def _check_positions(self, n: int) -> None:
+        if n > self.dec_cfg.max_positions:
+            raise ValueError(f"{n} target positions exceed decoder.max_positions {self.dec_cfg.max_positions}")
+
+    # ------------------------------------------------------------------ teacher forcing
+    def forward(self, batch: AbstractiveBatch, label_smoothing: float = 0.0,
+                return_log_probs: bool = False) -> AbstractiveOutput:
+        self._check_positions(batch.max_target_len)
+        memory = self.encode(batch.docs)
+        layout = Layout(batch.num_docs, batch.max_target_len, batch.dec_index, causal=True, cu_seqlens=batch.dec_cu)
+        queries = QueryLayout(batch.num_docs, batch.max_target_len, batch.dec_index)
+        emb = self.decoder.embed(batch.dec_tokens, batch.dec_pos, self.input_table())
+        heads = self.decoder.heads
+        hidden, context, attn = self.decoder.run(emb, lambda i: lambda qkv: attention(qkv, layout, heads),
+                                                 queries, memory)
+        logits = F.linear(hidden, self.output_weight())
+        if self.decoder.copy_gate is None:  # plain softmax: token_losses takes the logits as they are
+            loss, nll_sum = token_losses(logits, batch.dec_labels, batch.num_target_tokens, label_smoothing)
+            logp = torch.log_softmax(logits.float(), -1) if return_log_probs else None
+        else:  # the mixture's log-probs: token_losses' log_softmax of normalised log-probs changes nothing
+            logp = self.decoder.log_probs(logits, hidden, context, attn, emb, queries, memory[-1])
+            loss, nll_sum = token_losses(logp, batch.dec_labels, batch.num_target_tokens, label_smoothing)
+        return AbstractiveOutput(loss, nll_sum, batch.num_target_tokens, logp if return_log_probs else None)
+
+    # ------------------------------------------------------------------ incremental decoding
+    def start_decoding(self, docs: PackedDocuments, beams: int, max_len: int) -> DecodeState:
+        """Encode once, project the memory once per layer, preallocate the self-attention cache for
+        B x `beams` hypotheses of up to `max_len` decoder inputs (BOS included)."""
+        self._check_positions(max_len)
+        memory = self.encode(docs)
+        cache = KVCache(len(self.decoder.layers), memory[0].keys.shape[0] * beams, self.decoder.heads, max_len)
+        return DecodeState(memory, cache, beams)
+
+    def decode_step(self, tokens: Tensor, state: DecodeState) -> Tensor:
+        """Next-token log-probs [R, V] (fp32) of R = B x K hypotheses (document-major) given their last
+        input token `tokens [R]` at position `state.step`; advances the cache by one position."""
+        b, k = state.num_docs, state.beams
+        pos = torch.full_like(tokens, state.step)
+        emb = self.decoder.embed(tokens, pos, self.input_table())
+        queries = QueryLayout(b, k)  # beams folded into the query axis of cross-attention
+        cache = state.cache
+        hidden, context, attn = self.decoder.run(emb, lambda i: lambda qkv: cache.attend(i, qkv), queries,
+                                                 state.memory)
+        cache.length += 1
+        logits = F.linear(hidden, self.output_weight())
+        return self.decoder.log_probs(logits, hidden, context, attn, emb, queries, state.memory[-1])
+
+    def decode_prefix(self, prefix: Tensor, memory: list[CrossCache]) -> Tensor:
+        """The same log-probs without a cache: the whole prefix `[R, t]` (BOS first) through the decoder
+        again (teacher-forcing style), last position kept. For benchmarks and tests."""
+        r, t = prefix.shape
+        self._check_positions(t)
+        b = memory[0].keys.shape[0]
+        pos = torch.arange(t, device=prefix.device).repeat(r)
+        emb = self.decoder.embed(prefix.reshape(-1), pos, self.input_table())
+        layout = Layout(r, t, causal=True)
+        queries = QueryLayout(b, r // b * t)
+        heads = self.decoder.heads
+        hidden, context, attn = self.decoder.run(emb, lambda i: lambda qkv: attention(qkv, layout, heads),
+                                                 queries, memory)
+        last = torch.arange(r, device=prefix.device) * t + t - 1
+        pick = lambda x: None if x is None else x.index_select(0, last)  # noqa: E731
+        # the copy mixture of the kept rows: one query per hypothesis on a [B, K] grid
+        hidden = pick(hidden)
+        return self.decoder.log_probs(F.linear(hidden, self.output_weight()), hidden, pick(context), pick(attn),
+                                      pick(emb), QueryLayout(b, r // b), memory[-1])
