@@ -19,18 +19,17 @@ import torch.distributed as dist
 
 from hibert.config import Config
 from hibert.config.model import ModelConfig
-from pretrain.task import LoaderItem, ParamGroup, Task, decay_groups
+from pretrain.task import LoaderItem, ParamGroup, TokenNLLTask, decay_groups
 
 DECODER_WEIGHTS = "decoder.safetensors"
 DECODER_CONFIG = "abstractive.json"
 GENERATION_CONFIG = "generation.json"
 
 
-class AbstractiveTask(Task):
+class AbstractiveTask(TokenNLLTask):
     name = "abstractive"
     eval_metric = "valid_rouge"
     eval_mode = "max"
-    stat_keys = ("nll_sum", "num_target_tokens")
 
     def __init__(self, cfg: Config, model_cfg: ModelConfig, init_state: dict[str, torch.Tensor] | None = None,
                  init_decoder_state: dict[str, torch.Tensor] | None = None):
@@ -97,20 +96,8 @@ class AbstractiveTask(Task):
         return LoaderItem(batch, real_tokens=sum(sent_lens) + sum(target_lens), flops=flops, num_docs=len(docs),
                           extra={"doc_indices": doc_indices.tolist()})
 
-    # ---------------------------------------------------------------- loss
-    def loss(self, engine, item: LoaderItem):
-        out = engine(item.batch, label_smoothing=self.cfg.objective.label_smoothing)
-        return out.loss, {"nll_sum": out.nll_sum.detach().double(),
-                          "num_target_tokens": torch.as_tensor(out.num_target_tokens, dtype=torch.float64)}
-
-    def summarize(self, sums: dict[str, float], prefix: str) -> dict[str, float]:
-        import math
-
-        n = sums.get("num_target_tokens", 0.0)
-        if n <= 0:
-            return {}
-        nll = sums["nll_sum"] / n
-        return {f"{prefix}loss": nll, f"{prefix}ppl": math.exp(min(nll, 50.0))}
+    def forward_kwargs(self) -> dict:
+        return {"label_smoothing": self.cfg.objective.label_smoothing}
 
     # ---------------------------------------------------------------- evaluation
     def evaluate(self, trainer) -> dict[str, float]:

@@ -1,7 +1,6 @@
 """The masked-sentence pretraining task (HIBERT §3.2) for the shared training loop."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +9,7 @@ import torch
 from hibert.config import Config
 from hibert.config.model import ModelConfig
 from pretrain.objective import mask_document, other_document_sentence
-from pretrain.task import LoaderItem, Task
+from pretrain.task import LoaderItem, TokenNLLTask
 
 
 def tokenizer_vocab_size(tokenizer_path: Path) -> int:
@@ -19,11 +18,10 @@ def tokenizer_vocab_size(tokenizer_path: Path) -> int:
     return spm.SentencePieceProcessor(model_file=str(tokenizer_path)).get_piece_size()
 
 
-class MaskedSentenceTask(Task):
+class MaskedSentenceTask(TokenNLLTask):
     name = "masked_sentence"
     eval_metric = "valid_ppl"
     eval_mode = "min"
-    stat_keys = ("nll_sum", "num_target_tokens")
 
     def __init__(self, cfg: Config, vocab_size: int, init_state: dict[str, torch.Tensor] | None = None):
         self.cfg = cfg
@@ -74,15 +72,3 @@ class MaskedSentenceTask(Task):
         dec = {k[len("decoder."):]: v.contiguous() for k, v in full_state.items() if k.startswith("decoder.")}
         if dec:  # kept for inspection and continued pretraining; finetuning needs only the encoder
             save_file(dec, str(Path(out_dir) / "decoder.safetensors"))
-
-    def loss(self, engine, item: LoaderItem):
-        out = engine(item.batch)
-        return out.loss, {"nll_sum": out.nll_sum.detach().double(),
-                          "num_target_tokens": torch.as_tensor(out.num_target_tokens, dtype=torch.float64)}
-
-    def summarize(self, sums: dict[str, float], prefix: str) -> dict[str, float]:
-        n = sums.get("num_target_tokens", 0.0)
-        if n <= 0:
-            return {}
-        nll = sums["nll_sum"] / n
-        return {f"{prefix}loss": nll, f"{prefix}ppl": math.exp(min(nll, 50.0))}

@@ -8,6 +8,7 @@ A task supplies: `build_model`, `make_item` (DataLoader workers: a pure function
 `write_export_extras`. See pretrain/runtime.py for how a command runs a task."""
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,3 +105,25 @@ class Task(ABC):
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
         return self.summarize(trainer.all_sum(sums), "valid_")
+
+
+class TokenNLLTask(Task):
+    """A task whose model returns (loss, nll_sum, num_target_tokens) for a batch of target tokens: loss
+    statistics summed across ranks, reported as mean NLL and perplexity (pretraining, abstractive)."""
+
+    stat_keys = ("nll_sum", "num_target_tokens")
+
+    def forward_kwargs(self) -> dict[str, Any]:
+        return {}
+
+    def loss(self, engine, item: LoaderItem):
+        out = engine(item.batch, **self.forward_kwargs())
+        return out.loss, {"nll_sum": out.nll_sum.detach().double(),
+                          "num_target_tokens": torch.as_tensor(out.num_target_tokens, dtype=torch.float64)}
+
+    def summarize(self, sums: dict[str, float], prefix: str) -> dict[str, float]:
+        n = sums.get("num_target_tokens", 0.0)
+        if n <= 0:
+            return {}
+        nll = sums["nll_sum"] / n
+        return {f"{prefix}loss": nll, f"{prefix}ppl": math.exp(min(nll, 50.0))}
