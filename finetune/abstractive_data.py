@@ -40,9 +40,10 @@ class FirstChunks:
 
     def __init__(self, dataset):
         self.base = dataset
-        keep = [i for i in range(len(dataset)) if dataset.chunk_index(i) == 0 and dataset.labels(i) is not None]
+        first = np.array([dataset.chunk_index(i) == 0 for i in range(len(dataset))], dtype=bool)
+        keep = [i for i in np.flatnonzero(first).tolist() if dataset.labels(i) is not None]
         self.rows = np.asarray(keep, dtype=np.int64)
-        self.skipped_later_chunks = int(sum(1 for i in range(len(dataset)) if dataset.chunk_index(i) > 0))
+        self.skipped_later_chunks = int((~first).sum())
         self.doc_num_tokens = np.asarray(dataset.doc_num_tokens)[self.rows]
         self.doc_num_sentences = np.asarray(dataset.doc_num_sentences)[self.rows]
         self.doc_source = np.asarray(dataset.doc_source)[self.rows]
