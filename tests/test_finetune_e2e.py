@@ -1,7 +1,9 @@
 """`hibert finetune / evaluate / summarize` on the prepared CNN/DM sample (real DeepSpeed, MLflow, ROUGE)."""
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +22,11 @@ def finetuned(tiny_data, tmp_path_factory):
         "objective.top_k": 2, "optimizer.lr": 2e-3})
     run_hibert(["finetune", *over, "--init", "random", "--nproc", "2"], timeout=400)
     return root, over
+
+
+def finetuned_dataset(finetuned) -> Path:
+    _, over = finetuned
+    return Path(next(o for o in over if o.startswith("data.dataset=")).split("=", 1)[1])
 
 
 def test_head_trains_loss_falls_and_model_is_registered(finetuned):
@@ -89,3 +96,63 @@ def test_summarize_raw_text_and_bad_input(finetuned, tmp_path):
     r = subprocess.run(HIBERT + ["summarize", *over, "--model", str(tmp_path), "--input", str(bad)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "not UTF-8" in r.stderr and "cannot load model" not in r.stderr
+
+
+ABSTRACTIVE_FROZEN = {"finetune.task": "abstractive", "decoder.layers": 1, "finetune.max_target_tokens": 24,
+                      "finetune.eval_decode_docs": 2, "generation.max_length": 8, "generation.beam_size": 1,
+                      "schedule.max_steps": 2, "checkpoint.every_steps": 2, "optimizer.lr": 0.0}
+
+
+def test_abstractive_starts_from_the_registered_extractive_model_under_zero1(finetuned):
+    """PreSumm's BertSumExtAbs route: the abstractive head's encoder = the finetuned extractive encoder from
+    the registry (2 ranks, ZeRO-1). With lr 0 the exported encoder must be exactly the extractive one."""
+    from safetensors.torch import load_file
+
+    root, _ = finetuned
+    over = tiny_train_overrides(root, "abs-from-ext", finetuned_dataset(finetuned), **{
+        **ABSTRACTIVE_FROZEN, "deepspeed.zero_stage": 1})
+    out = run_hibert(["finetune", *over, "--init", "models:/hibert-extractive@finetuned", "--nproc", "2"],
+                     timeout=400)
+    assert re.search(r"ZeRO stage\s+1\n", out.stderr) and re.search(r"world size\s+2 ", out.stderr), out.stderr[-3000:]
+    extractive = load_file(str(root / "ft" / "export" / "encoder.safetensors"))
+    exported = load_file(str(root / "abs-from-ext" / "export" / "encoder.safetensors"))
+    assert extractive.keys() == exported.keys()
+    assert all(np.array_equal(extractive[k].numpy(), exported[k].numpy()) for k in extractive)
+    meta = json.loads((root / "abs-from-ext" / "export" / "export.json").read_text())
+    assert meta["task"] == "abstractive" and "hibert-extractive" in json.dumps(meta.get("init"))
+
+
+def test_abstractive_decoder_starts_from_the_pretraining_decoder(finetuned, tmp_path):
+    """finetune.init_decoder=true: the decoder's self-attention/FFN come from a pretraining export's
+    masked-sentence decoder (written here from a HibertForPretraining of the run's size and vocabulary)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from hibert.config.model import ModelConfig
+    from modeling.pretraining import HibertForPretraining
+    from pretrain.export import write_export
+
+    root, _ = finetuned
+    dataset = finetuned_dataset(finetuned)
+    model_cfg = ModelConfig.model_validate(json.loads((root / "ft" / "export" / "model.json").read_text()))
+    torch.manual_seed(3)
+    pre = HibertForPretraining(model_cfg)
+    state = pre.state_dict()
+    export = write_export(tmp_path / "pretrained", {k[8:]: v for k, v in state.items() if k.startswith("encoder.")},
+                          model_cfg, dataset / "tokenizer.model", {"task": "pretrain"})
+    dec = {k[8:]: v.contiguous() for k, v in state.items() if k.startswith("decoder.")}
+    save_file(dec, str(export / "decoder.safetensors"))
+    over = tiny_train_overrides(tmp_path, "abs-dec", dataset, **{
+        **ABSTRACTIVE_FROZEN, "decoder.layers": 2, "finetune.init_decoder": True, "deepspeed.zero_stage": 0})
+    run_hibert(["finetune", *over, "--init", export], timeout=300)
+    got = load_file(str(tmp_path / "abs-dec" / "export" / "decoder.safetensors"))
+    loaded = 0
+    for name, value in dec.items():   # pretraining names: layers.layers.<i>.* -> decoder.layers.<i>.*
+        target = "decoder." + name.replace("layers.layers.", "layers.", 1).replace("layers.final_norm.",
+                                                                                   "final_norm.", 1)
+        if target in got and got[target].shape == value.shape:
+            assert torch.equal(got[target], value), target
+            loaded += 1
+    assert loaded >= 8, sorted(got)[:20]   # both layers' self-attention and FFN at least
+    # the cross-attention has no pretraining counterpart: it keeps its fresh initialisation
+    assert any(".cross." in k for k in got)
