@@ -7,6 +7,7 @@ from hibert.config.abstractive import DecoderConfig, GenerationConfig
 from hibert.config.base import Section
 from hibert.config.data import DataConfig
 from hibert.config.finetune import FinetuneConfig
+from hibert.config.mds import MDSConfig
 from hibert.config.model import ModelConfig
 from hibert.config.ops import RunConfig, SlurmConfig, TrackingConfig
 from hibert.config.training import (
@@ -30,6 +31,7 @@ class Config(Section):
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
     decoder: DecoderConfig = Field(default_factory=DecoderConfig)        # abstractive head
     generation: GenerationConfig = Field(default_factory=GenerationConfig)  # its beam search
+    mds: MDSConfig = Field(default_factory=MDSConfig)                    # multi-document ranker + global layers
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
 
@@ -49,6 +51,9 @@ class Config(Section):
         heads = self.decoder.heads or self.model.heads
         if self.model.hidden % heads:
             raise ValueError(f"decoder.heads ({heads}) must divide model.hidden ({self.model.hidden})")
+        if self.model.hidden % (self.mds.global_heads or self.model.heads):
+            raise ValueError(f"mds.global_heads ({self.mds.global_heads}) must divide model.hidden "
+                             f"({self.model.hidden})")
         if self.finetune.max_target_tokens + 1 > self.decoder.max_positions:
             raise ValueError(f"finetune.max_target_tokens + 1 ({self.finetune.max_target_tokens + 1}) must fit "
                              f"decoder.max_positions ({self.decoder.max_positions})")

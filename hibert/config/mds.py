@@ -1,0 +1,25 @@
+"""`mds:` section — multi-document summarization: the paragraph ranker and the hierarchical encoder that
+sits between the HIBERT (local) encoder and the abstractive decoder (Liu & Lapata 2019; graph-informed
+attention, their eq. 24; structural attention, Chowdhury et al.)."""
+from typing import Literal
+
+from pydantic import Field
+
+from hibert.config.base import Section
+
+
+class MDSConfig(Section):
+    global_layers: int = Field(2, ge=0, le=24)          # inter-unit layers on top of the local encoder
+    global_heads: int | None = Field(None, ge=1)        # None -> model.heads (must divide model.hidden)
+    rank_embedding: bool = True                         # sinusoidal embedding of each unit's rank
+    max_units: int = Field(64, ge=1, le=4096)           # units per cluster the summarizer reads
+    graph_attention: bool = False                       # one global head = the row-normalised unit graph
+    graph_threshold: float = Field(0.2, ge=0.0, le=1.0)  # tf-idf cosine edges below this are dropped
+    structural_attention: bool = False                  # matrix-tree marginals over units (Chowdhury et al.)
+    ranker_pool: Literal["mean", "attention"] = "attention"  # unit vector from its sentence states
+    ranker_loss: Literal["regression", "listwise"] = "listwise"
+    # how units are ordered before the budget cut: tfidf (to the title, else the centroid), lead (document
+    # order), oracle (the ROUGE-2 recall labels: an upper bound), or a learned ranker (models:/hibert-ranker@...)
+    ranking: str = "tfidf"
+    token_budget: int = Field(800, ge=16)               # the summarizer reads the top units within this
+    top_units: int | None = Field(None, ge=1)           # and at most this many

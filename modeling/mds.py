@@ -1,0 +1,79 @@
+"""The hierarchical multi-document summarizer (Liu & Lapata 2019) on HIBERT: local layers = the HIBERT
+encoder over each unit (as a document), global layers across the units of a cluster (modeling/hierarchical.py),
+and the abstractive decoder of modeling/abstractive.py unchanged.
+
+The decoder memory is every token of every unit of the cluster (its state after the global layers), laid out
+as one "document" per cluster whose "sentences" are the units (`PackedClusters.memory_docs`); the unit vector
+(the mean of its tokens) stands where a sentence vector would. So `flat` cross-attention reads all tokens,
+`pht` normalises token attention within each unit and scales it by unit attention (Ma & Zong eq. 7-10 over
+paragraphs), `vht` attends over per-unit context vectors, and the copy mixture scatters onto source ids — all
+with the single-document code, as do teacher forcing, the KV cache and the batched beam search.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from hibert.config.abstractive import DecoderConfig
+from hibert.config.mds import MDSConfig
+from hibert.config.model import ModelConfig
+from modeling.abstractive import (AbstractiveBatch, AbstractiveDecoder, CrossCache, HibertAbstractive,
+                                  source_memory)
+from modeling.clusters import PackedClusters, pack_clusters
+from modeling.encoder import EncoderOutput, HibertEncoder
+from modeling.hierarchical import GlobalEncoder
+from modeling.packing import Document, Sentence
+from modeling.pretraining import _decoder_fields
+
+
+def make_mds_batch(clusters: Sequence[Sequence[Document]], targets: Sequence[Sentence],
+                   graphs: Sequence[np.ndarray] | None = None, pad_to_multiple: int = 8) -> AbstractiveBatch:
+    """Teacher-forcing batch of clusters (units in rank order) and their target summaries; `docs` holds a
+    `PackedClusters`."""
+    if len(clusters) != len(targets):
+        raise ValueError(f"{len(clusters)} clusters but {len(targets)} targets")
+    packed = pack_clusters(clusters, graphs, pad_to_multiple)
+    f = _decoder_fields([[t] for t in targets], np.arange(len(clusters), dtype=np.int64), None, pad_to_multiple)
+    return AbstractiveBatch(docs=packed, dec_tokens=f["dec_tokens"], dec_labels=f["dec_labels"],  # type: ignore[arg-type]
+                            dec_pos=f["dec_pos"], dec_doc=f["dec_rows"], dec_index=f["dec_index"], dec_cu=f["dec_cu"],
+                            target_lens=f["target_lens"], max_target_len=f["max_target_len"],
+                            num_target_tokens=f["num_target_tokens"])
+
+
+class HibertMDS(HibertAbstractive):
+    """`.encoder` (HibertEncoder: registered encoders load strictly), `.global_encoder`, `.decoder`."""
+
+    def __init__(self, enc_cfg: ModelConfig, dec_cfg: DecoderConfig, mds_cfg: MDSConfig):
+        torch.nn.Module.__init__(self)
+        self.cfg, self.dec_cfg, self.mds_cfg = enc_cfg, dec_cfg, mds_cfg
+        self.encoder = HibertEncoder(enc_cfg)
+        self.global_encoder = GlobalEncoder(
+            enc_cfg.hidden, mds_cfg.global_heads or enc_cfg.heads, enc_cfg.ffn_dim, enc_cfg.dropout,
+            mds_cfg.global_layers, mds_cfg.graph_attention, mds_cfg.structural_attention, mds_cfg.max_units,
+            mds_cfg.rank_embedding)
+        self.decoder = AbstractiveDecoder(enc_cfg, dec_cfg)
+
+    def memory(self, packed: PackedClusters) -> EncoderOutput:
+        """Token states after the global layers, on the memory layout, with the unit vectors."""
+        units = packed.units
+        enc = self.encoder(units)
+        x = enc.token_flat
+        if self.dec_cfg.add_sentence_vectors:  # each token + its sentence's vector within the unit
+            rows = torch.repeat_interleave(torch.arange(units.tokens.shape[0], device=x.device), units.sent_lens,
+                                           output_size=units.num_real_tokens)
+            x = x + enc.sentence_states.index_select(0, rows)
+        layout = packed.layout
+        x = self.global_encoder(x, layout, packed.graph)
+        n_units = layout.num_units
+        count = torch.zeros(n_units, 1, dtype=x.dtype, device=x.device).index_add_(
+            0, layout.token_unit, torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device))
+        unit_vec = x.new_zeros(n_units, x.shape[1]).index_add(0, layout.token_unit, x) / count
+        return EncoderOutput(token_flat=x, sentence_states=unit_vec, docs=packed.memory_docs)
+
+    def encode(self, docs: PackedClusters) -> list[CrossCache]:  # type: ignore[override]
+        return self.decoder.prepare(source_memory(self.memory(docs), add_sentence_vectors=False))
+
+    def load_pretraining_decoder(self, state):  # the same decoder: same mapping
+        return HibertAbstractive.load_pretraining_decoder(self, state)
