@@ -11,7 +11,9 @@ log = logging.getLogger("data_prep")
 
 # Counted per dataset (summed over shards); the per-source block has docs_in / kept / skipped.
 STAT_KEYS = ("sentences", "tokens", "words", "chunks", "truncated_sentences", "empty_sentences_dropped",
-             "split_documents", "extra_chunks", "summary_docs", "summary_sentences")
+             "split_documents", "extra_chunks", "summary_docs", "summary_sentences",
+             # clusters (0 for document datasets)
+             "units", "cluster_documents", "truncated_clusters", "dropped_units", "synthetic_clusters")
 EXAMPLES_PER_REASON = 5
 
 
@@ -55,7 +57,7 @@ def add_up(parts: list[dict[str, Any]]) -> dict[str, Any]:
         out["kept"] += p["kept"]
         out["skipped"].update(p["skipped"])
         for k in STAT_KEYS:
-            out[k] += p[k]
+            out[k] += p.get(k, 0)
         for s, c in p["splits"].items():
             out["splits"][s].update(c)
         if out["sources"] is None:

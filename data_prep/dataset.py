@@ -39,6 +39,8 @@ class DocumentDataset:
         self.doc_num_sentences = load_array(d / "doc_num_sentences.npy")
         self.doc_num_tokens = load_array(d / "doc_num_tokens.npy")
         self.doc_source = load_array(d / "doc_source.npy")
+        self.is_clusters = self.manifest.get("kind") == "clusters"
+        self.doc_num_units = load_array(d / "doc_num_units.npy") if self.is_clusters else None
         self._parts: dict[int, ShardPart] = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -109,3 +111,42 @@ class DocumentDataset:
             return None
         a, b = part.chunk_sentences(j)
         return np.array(part.labels[a:b], dtype=np.uint8)
+
+    # ------------------------------------------------------------------ clusters
+    def _cluster(self, i: int) -> tuple[ShardPart, int, int, int]:
+        if not self.is_clusters:
+            raise ValueError(f"{self.dir} holds documents, not clusters")
+        part, j = self._locate(i)
+        return part, j, int(part.chunk_unit_offsets[j]), int(part.chunk_unit_offsets[j + 1])
+
+    def unit_offsets(self, i: int) -> np.ndarray:
+        """[U+1] int64: unit u of cluster i = sentences o[u]:o[u+1] of `self[i]`."""
+        part, j, a, b = self._cluster(i)
+        first = int(part.chunk_offsets[j])
+        return np.concatenate([[first], np.asarray(part.unit_offsets[a + 1:b + 1])]).astype(np.int64) - first
+
+    def unit_docs(self, i: int) -> np.ndarray:
+        """[U] int32: the document (0-based within the cluster) of each unit."""
+        part, _, a, b = self._cluster(i)
+        return np.array(part.unit_doc[a:b], dtype=np.int32)
+
+    def unit_scores(self, i: int) -> np.ndarray | None:
+        """[U] float32 ROUGE-2 recall of each unit against the summary; None without a summary."""
+        part, j, a, b = self._cluster(i)
+        if not part.src_has_summary[int(part.chunk_src[j])]:
+            return None
+        return np.array(part.unit_scores[a:b], dtype=np.float32)
+
+    def units(self, i: int) -> list[list[np.ndarray]]:
+        sents, o = self[i], self.unit_offsets(i)
+        return [sents[o[u]:o[u + 1]] for u in range(len(o) - 1)]
+
+    def units_text(self, i: int) -> list[list[str]]:
+        sents, o = self.sentences_text(i), self.unit_offsets(i)
+        return [sents[o[u]:o[u + 1]] for u in range(len(o) - 1)]
+
+    def title(self, i: int) -> str | None:
+        part, j, _, _ = self._cluster(i)
+        src = int(part.chunk_src[j])
+        t = part._strings(part.src_title, part.src_title_offsets, src, src + 1)[0]
+        return t or None

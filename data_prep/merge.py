@@ -93,7 +93,7 @@ def merge(cfg: DataConfig, out: Path, plan: dict[str, Any], tokenizer_info: dict
     dup_by_source = Counter()
     splits: dict[str, Any] = {}
     for split in SPLITS:
-        index, nsent, ntok, source = [], [], [], []
+        index, nsent, ntok, source, nunits = [], [], [], [], []
         stats = Counter()
         offset = 0
         for i in range(n):
@@ -110,6 +110,9 @@ def merge(cfg: DataConfig, out: Path, plan: dict[str, Any], tokenizer_info: dict
             ntok.append((so[co[rows + 1]] - so[co[rows]]).astype(np.int32))
             # dense per-split numbering of source documents (shared by their chunks)
             source.append(offset + (np.cumsum(k) - 1)[chunk_src[rows]])
+            if cfg.is_clusters:
+                cuo = np.asarray(p.chunk_unit_offsets)
+                nunits.append((cuo[rows + 1] - cuo[rows]).astype(np.int32))
             offset += int(k.sum())
             stats.update(_doc_stats(p, k))
         d = out / split
@@ -117,11 +120,14 @@ def merge(cfg: DataConfig, out: Path, plan: dict[str, Any], tokenizer_info: dict
         cat = (lambda xs, dt, shape=(0,): np.concatenate(xs).astype(dt) if xs else np.zeros(shape, dt))
         arrays = {"index": cat(index, np.int64, (0, 2)), "doc_num_sentences": cat(nsent, np.int32),
                   "doc_num_tokens": cat(ntok, np.int32), "doc_source": cat(source, np.int64)}
+        if cfg.is_clusters:
+            arrays["doc_num_units"] = cat(nunits, np.int32)
         for name, arr in arrays.items():
             np.save(d / f"{name}.npy", arr, allow_pickle=False)
         splits[split] = {"docs": offset, "chunks": len(arrays["index"]),
                          "sentences": int(arrays["doc_num_sentences"].sum()),
                          "tokens": int(arrays["doc_num_tokens"].astype(np.int64).sum()),
+                         **({"units": int(arrays["doc_num_units"].sum())} if cfg.is_clusters else {}),
                          **{k: int(stats[k]) for k in _DOC_STATS}, "shards": [shard_name(i) for i in range(n)]}
     # stale shard directories from an earlier plan with more shards
     for split in SPLITS:
@@ -135,6 +141,8 @@ def merge(cfg: DataConfig, out: Path, plan: dict[str, Any], tokenizer_info: dict
     # statistics of what the dataset holds (recomputed: shard counts still include cross-shard duplicates)
     for key in ("chunks", "sentences", "tokens", *_DOC_STATS):
         counts[key] = sum(v[key] for v in splits.values())
+    if cfg.is_clusters:
+        counts["units"] = sum(v["units"] for v in splits.values())
     counts["kept"] -= dups
     if dups:
         counts["skipped"]["duplicate"] = counts["skipped"].get("duplicate", 0) + dups
@@ -163,12 +171,25 @@ def build_manifest(cfg: DataConfig, plan: dict[str, Any], done: list[dict], coun
             "segmentation": "ptb-tokens" if src_cfg.ptb_tokenized else "segmenter",
             "files": [{"path": u, "bytes": size, "sha256": checksums.get(f"{s['name']}:{u}")}
                       for u, size in s["units"]],
-            "docs_in": c["docs_in"], "kept": c["kept"], "skipped": c["skipped"]})
+            "docs_in": c["docs_in"], "kept": c["kept"], "skipped": c["skipped"],
+            **({"synthetic": src_cfg.synthetic} if src_cfg.is_cluster else {})})
     totals = {k: v for k, v in counts.items() if k not in ("sources", "splits", "skip_examples")}
     if totals["docs_in"] != totals["kept"] + sum(totals["skipped"].values()):
         raise RuntimeError(f"documents unaccounted for: {totals}")
+    synthetic = any(c.synthetic for c in cfg.sources) or totals.get("synthetic_clusters", 0) > 0
     return {
         "format_version": FORMAT_VERSION,
+        "kind": "clusters" if cfg.is_clusters else "documents",
+        "synthetic": synthetic,
+        **({"clusters": {"clusters_in": totals["docs_in"], "kept": totals["kept"],
+                         "skipped": sum(totals["skipped"].values()),
+                         "units": "paragraphs of each document; a longer paragraph is cut into windows of "
+                                  f"<= {cfg.max_unit_sentences} sentences",
+                         "max_unit_sentences": cfg.max_unit_sentences, "max_cluster_units": cfg.max_cluster_units,
+                         "unit_scores": "ROUGE-2 recall of the unit against the summary (rouge-score, Porter "
+                                        "stemmer): the ranker's labels",
+                         "note": ("SYNTHETIC clusters: built by the project, not real multi-document topics"
+                                  if synthetic else "real clusters")}} if cfg.is_clusters else {}),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "counts": totals,
         "splits": splits,

@@ -25,6 +25,7 @@ from data_prep.oracle import RougeTokenizer, oracle_labels
 from data_prep.plan import write_json
 from data_prep.segment import Segmenter, Sentence, make_segmenter
 from data_prep.shards import SPLITS, SplitWriter, replace_dir, shard_name
+from data_prep.units import rouge2_recall, windows
 
 SHARDS_DIR = "shards"
 Progress = Callable[[int, int], None]     # (documents read, words) since the last call
@@ -119,7 +120,7 @@ class ShardProcessor:
             self.sentencizer.segmenter  # load it now (once per process) so setup_seconds can tell it apart
         setup = time.time() - t0
         counts = Counts(len(self.names))
-        writers = {s: SplitWriter() for s in SPLITS}
+        writers = {s: SplitWriter(clusters=cfg.is_clusters) for s in SPLITS}
         seen: dict[int, int] = {}          # content hash -> input key of the copy written
         batch: list[tuple[int, R.RawDoc, int, int]] = []
         checksums = {}
@@ -162,18 +163,28 @@ class ShardProcessor:
     def _process(self, batch: list[tuple[int, R.RawDoc, int, int]], writers: dict[str, SplitWriter],
                  counts: Counts) -> int:
         cfg = self.cfg
-        items = [(rec.paragraphs, cfg.sources[si].ptb_tokenized) for si, rec, _, _ in batch]
+        items: list[tuple[list[str], bool]] = []
+        spans = []
+        for si, rec, _, _ in batch:
+            ptb, start = cfg.sources[si].ptb_tokenized, len(items)
+            if rec.paragraph_doc is not None:   # a cluster: each paragraph alone, so units never cross one
+                items += [([p], ptb) for p in rec.paragraphs]
+            else:
+                items.append((rec.paragraphs, ptb))
+            spans.append((start, len(items)))
         items += [(rec.summary, cfg.sources[si].ptb_tokenized) for si, rec, _, _ in batch if rec.summary is not None]
         segmented = self.sentencizer.sentences(items)
         texts = [t for sents in segmented for t, _ in sents]
         ids = iter(self.sp.encode(texts, out_type=int, num_threads=1))  # one core per worker
         encoded = [[(next(ids), t, w) for t, w in sents] for sents in segmented]
-        summaries = iter(encoded[len(batch):])
+        summaries = iter(encoded[spans[-1][1] if spans else 0:])
         words_total = 0
-        for (si, rec, h, order), sents in zip(batch, encoded):
+        for (si, rec, h, order), (a, b) in zip(batch, spans):
             summ = next(summaries) if rec.summary is not None else None
+            paragraphs = encoded[a:b]
+            sents = [x for p in paragraphs for x in p]
             words_total += sum(w for _, _, w in sents)
-            kept = [s for s in sents if s[0]]
+            kept = [x for x in sents if x[0]]
             counts.stats["empty_sentences_dropped"] += len(sents) - len(kept)
             if not kept:
                 counts.skip(si, R.Skip(R.NO_SENTENCES, rec.file, rec.line, rec.doc_id))
@@ -184,8 +195,62 @@ class ShardProcessor:
                 if not summary:
                     counts.skip(si, R.Skip(R.NO_SENTENCES, rec.file, rec.line, f"{rec.doc_id}: empty summary"))
                     continue
-            self._write(si, rec, h, order, kept, summary, writers, counts, len(sents) - len(kept))
+            if rec.paragraph_doc is not None:
+                self._write_cluster(si, rec, h, order, paragraphs, summary, writers, counts)
+            else:
+                self._write(si, rec, h, order, kept, summary, writers, counts, len(sents) - len(kept))
         return words_total
+
+    def _write_cluster(self, si: int, rec: R.RawDoc, h: int, order: int,
+                       paragraphs: list[list[tuple[list[int], str, int]]], summary: list[tuple[list[int], str]] | None,
+                       writers: dict[str, SplitWriter], counts: Counts) -> None:
+        """A cluster as one chunk: its sentences in document order, cut into units (paragraphs, or windows of
+        <= max_unit_sentences), each unit with its document and, with a summary, its ROUGE-2 recall."""
+        cfg = self.cfg
+        limit = cfg.max_sentence_tokens
+        sentences: list[tuple[list[int], str]] = []
+        units: list[tuple[int, int]] = []
+        unit_doc: list[int] = []
+        truncated = words = dropped = 0
+        for p, doc in zip(paragraphs, rec.paragraph_doc or []):
+            kept = [x for x in p if x[0]]
+            dropped += len(p) - len(kept)
+            base = len(sentences)
+            for a, b in windows(len(kept), cfg.max_unit_sentences):
+                units.append((base + a, base + b))
+                unit_doc.append(doc)
+            sentences += [(ids[:limit], text) for ids, text, _ in kept]
+            truncated += sum(len(ids) > limit for ids, _, _ in kept)
+            words += sum(w for _, _, w in kept)
+        if len(units) > cfg.max_cluster_units:
+            counts.stats["truncated_clusters"] += 1
+            counts.stats["dropped_units"] += len(units) - cfg.max_cluster_units
+            units, unit_doc = units[:cfg.max_cluster_units], unit_doc[:cfg.max_cluster_units]
+            sentences = sentences[:units[-1][1]]
+        scores = None
+        if summary is not None:
+            texts = [" ".join(t for _, t in sentences[a:b]) for a, b in units]
+            scores = rouge2_recall(texts, [t for _, t in summary], self.rouge)
+            counts.stats["summary_docs"] += 1
+            counts.stats["summary_sentences"] += len(summary)
+        counts.stats["truncated_sentences"] += truncated
+        counts.stats["units"] += len(units)
+        counts.stats["cluster_documents"] += len(set(unit_doc))
+        counts.stats["synthetic_clusters"] += int(rec.synthetic or cfg.sources[si].synthetic)
+        split = cfg.sources[si].split or rec.split or assign_split(rec.doc_id, cfg.valid_fraction, cfg.test_fraction)
+        writers[split].add_document(rec.doc_id, h, order, si, [sentences], None, summary, (words, truncated, dropped),
+                                    units=(units, unit_doc, scores, rec.title or ""))
+        counts.kept[si] += 1
+        n_tokens = sum(len(ids) for ids, _ in sentences)
+        counts.stats["chunks"] += 1
+        counts.stats["sentences"] += len(sentences)
+        counts.stats["tokens"] += n_tokens
+        counts.stats["words"] += words
+        sc = counts.splits[split]
+        sc["docs"] += 1
+        sc["chunks"] += 1
+        sc["sentences"] += len(sentences)
+        sc["tokens"] += n_tokens
 
     def _write(self, si: int, rec: R.RawDoc, h: int, order: int, kept: list[tuple[list[int], str, int]],
                summary: list[tuple[list[int], str]] | None, writers: dict[str, SplitWriter], counts: Counts,

@@ -26,6 +26,10 @@ class RawDoc:
     file: str
     line: int
     split: str | None = None       # a split the input itself assigns (an HF DatasetDict's split)
+    # clusters: the document (0-based, within the cluster) of each paragraph; None for a single document
+    paragraph_doc: list[int] | None = None
+    title: str | None = None
+    synthetic: bool = False        # the record says it is a synthetic cluster
 
 
 @dataclass

@@ -17,6 +17,12 @@
       src_stats.npy       int32   [D, 3] words, truncated sentences, dropped empty sentences
       sum_tokens.npy, sum_sent_offsets.npy, sum_doc_offsets.npy [D+1], sum_text.npy, sum_text_offsets.npy
                                   the reference summary of each source document, segmented and encoded
+    clusters only (a cluster is one chunk):
+      unit_offsets.npy    int64   [U+1] unit u = sentences unit_offsets[u]:unit_offsets[u+1]
+      chunk_unit_offsets.npy int64 [C+1] chunk j = units chunk_unit_offsets[j]:chunk_unit_offsets[j+1]
+      unit_doc.npy        int32   [U] document (within its cluster) of each unit
+      unit_scores.npy     float32 [U] ROUGE-2 recall of the unit against the summary (0 without one)
+      src_title.npy       uint8   UTF-8 cluster titles ("" when none); src_title_offsets.npy int64 [D+1]
 Everything is plain numbers (np.load(allow_pickle=False)); nothing is pickled.
 """
 from __future__ import annotations
@@ -75,7 +81,13 @@ class _Sentences:
 class SplitWriter:
     """Accumulates one split of one shard in memory and writes it in one go."""
 
-    def __init__(self) -> None:
+    def __init__(self, clusters: bool = False) -> None:
+        self.clusters = clusters
+        self.unit_offsets = array("q", [0])
+        self.chunk_unit_offsets = array("q", [0])
+        self.unit_doc = array("i")
+        self.unit_scores = array("f")
+        self.src_title = _Strings()
         self.sents = _Sentences()
         self.labels = array("B")
         self.chunk_offsets = array("q", [0])
@@ -100,10 +112,25 @@ class SplitWriter:
 
     def add_document(self, doc_id: str, content_hash: int, order: int, source: int,
                      chunks: list[list[tuple[list[int], str]]], labels: list[int] | None,
-                     summary: list[tuple[list[int], str]] | None, stats: tuple[int, int, int] = (0, 0, 0)) -> None:
+                     summary: list[tuple[list[int], str]] | None, stats: tuple[int, int, int] = (0, 0, 0),
+                     units: tuple[list[tuple[int, int]], list[int], "np.ndarray | None", str] | None = None) -> None:
         """chunks: per chunk, (ids, text) per sentence; labels: one per sentence over all chunks;
-        stats: (words, truncated sentences, dropped empty sentences)."""
+        stats: (words, truncated sentences, dropped empty sentences); units (clusters: one chunk): the
+        (start, end) sentence range of each unit within it, each unit's document, scores, the title."""
         src = self.num_docs
+        if self.clusters:
+            if units is None or len(chunks) != 1:
+                raise ValueError("a cluster is written as one chunk with its units")
+            spans, docs, scores, title = units
+            base = len(self.sents)
+            for a, b in spans:
+                self.unit_offsets.append(base + b)
+                if a != (self.unit_offsets[-2] - base):
+                    raise ValueError("units must cover the cluster's sentences in order")
+            self.chunk_unit_offsets.append(len(self.unit_doc) + len(spans))
+            self.unit_doc.extend(docs)
+            self.unit_scores.extend(np.zeros(len(spans), np.float32) if scores is None else scores)
+            self.src_title.add(title)
         self.src_ids.add(doc_id)
         self.src_hash.append(content_hash)
         self.src_order.append(order)
@@ -146,6 +173,13 @@ class SplitWriter:
             "sum_doc_offsets": np.frombuffer(self.sum_doc_offsets, dtype=np.int64),
             "sum_text": sum_text, "sum_text_offsets": sum_text_offsets,
         }
+        if self.clusters:
+            title, title_offsets = self.src_title.arrays()
+            arrays.update({"unit_offsets": np.frombuffer(self.unit_offsets, dtype=np.int64),
+                           "chunk_unit_offsets": np.frombuffer(self.chunk_unit_offsets, dtype=np.int64),
+                           "unit_doc": np.frombuffer(self.unit_doc, dtype=np.int32),
+                           "unit_scores": np.frombuffer(self.unit_scores, dtype=np.float32),
+                           "src_title": title, "src_title_offsets": title_offsets})
         for name, arr in arrays.items():
             np.save(directory / f"{name}.npy", arr, allow_pickle=False)
 

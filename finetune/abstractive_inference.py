@@ -31,13 +31,15 @@ def word_start_mask(sp) -> np.ndarray:
 
 
 class Decoder:
-    """Summaries of encoded documents with a (plain, single-process) `HibertAbstractive`."""
+    """Summaries of encoded documents with a (plain, single-process) `HibertAbstractive`, or of clusters
+    (lists of unit documents, in rank order) with a `HibertMDS` (`clusters=True`)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer_path: Path, generation, device: torch.device | str,
-                 batch_tokens: int = 32768, max_docs: int = 16):
+                 batch_tokens: int = 32768, max_docs: int = 16, clusters: bool = False):
         from data_prep import tokenizer as tok
 
         self.model, self.generation, self.device = model, generation, torch.device(device)
+        self.clusters = clusters
         self.sp = tok.load(tokenizer_path)
         self.word_start = torch.from_numpy(word_start_mask(self.sp)).to(self.device)
         self.batch_tokens, self.max_docs = batch_tokens, max_docs
@@ -48,20 +50,28 @@ class Decoder:
         return torch.autocast("cpu", enabled=False)
 
     @torch.no_grad()
-    def summarize_ids(self, docs: list[list[np.ndarray]], generation=None) -> list[Decoded]:
-        """One summary per document (lists of encoded sentences), in input order."""
+    def summarize_ids(self, docs: list, generation=None, graphs: list[np.ndarray] | None = None) -> list[Decoded]:
+        """One summary per document (lists of encoded sentences) or cluster (lists of units), in input order;
+        `graphs`: each cluster's unit graph (graph-informed attention)."""
         from modeling import pack_documents
+        from modeling.clusters import pack_clusters
         from modeling.generate import generate
 
         gen = generation or self.generation
         if not docs:
             return []
-        costs = doc_costs(np.array([sum(len(s) for s in d) for d in docs]), np.array([len(d) for d in docs]))
+        sents = [[s for u in d for s in u] for d in docs] if self.clusters else docs
+        costs = doc_costs(np.array([sum(len(s) for s in d) for d in sents]), np.array([len(d) for d in sents]))
         plan = plan_epoch(costs, seed=0, epoch=0, batch_tokens=self.batch_tokens, max_docs=min(self.max_docs,
                           gen.batch_size), world=1, accum=1)
         out: list[Decoded | None] = [None] * len(docs)
         for idx in sorted(plan.batches, key=lambda b: int(b[0])):
-            batch = pack_documents([docs[i] for i in idx.tolist()]).to(self.device)
+            rows = idx.tolist()
+            if self.clusters:
+                batch = pack_clusters([docs[i] for i in rows],
+                                      None if graphs is None else [graphs[i] for i in rows]).to(self.device)
+            else:
+                batch = pack_documents([docs[i] for i in rows]).to(self.device)
             with self._autocast():
                 hyps = generate(self.model, batch, gen, word_start=self.word_start)
             for i, h in zip(idx.tolist(), hyps):

@@ -33,8 +33,17 @@ def run_finetune(cfg: Config, args: argparse.Namespace) -> int:
         model_cfg = inputs.init.model_cfg.model_copy(update={"dropout": cfg.model.dropout})
     else:
         model_cfg = cfg.model.model_copy(update={"vocab_size": inputs.vocab_size})
-    if cfg.finetune.task == "abstractive":
+    clusters = getattr(inputs.train, "is_clusters", False)
+    if cfg.finetune.task in ("ranker", "mds") and not clusters:
+        raise SystemExit(f"hibert finetune: finetune.task={cfg.finetune.task} needs a cluster dataset "
+                         f"({cfg.data.dataset_dir} holds documents); prepare one from multi-document sources")
+    if cfg.finetune.task == "ranker":
+        return _run_ranker(cfg, inputs, model_cfg)
+    if cfg.finetune.task in ("abstractive", "mds"):
         return _run_abstractive(cfg, inputs, model_cfg)
+    if clusters:
+        raise SystemExit(f"hibert finetune: finetune.task=extractive reads documents; {cfg.data.dataset_dir} "
+                         "holds clusters (use finetune.task=ranker, mds or abstractive)")
     from finetune.extractive_task import ExtractiveTask
 
     task = ExtractiveTask(cfg, model_cfg, inputs.init.state if inputs.init else None)
@@ -42,22 +51,50 @@ def run_finetune(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def _run_abstractive(cfg: Config, inputs, model_cfg) -> int:
+    """The abstractive head on documents (first chunks), the flat baseline on clusters (ranked units back to
+    back as one document), or the hierarchical multi-document model (finetune.task=mds)."""
     from finetune.abstractive_data import FirstChunks
     from finetune.abstractive_task import AbstractiveTask
+    from finetune.mds_task import MDSTask, ranked_view
     from pretrain.runtime import run_task
 
     decoder_state = None
     if cfg.finetune.init_decoder:
         decoder_state = _pretraining_decoder(cfg, inputs.init)
-    inputs.train, inputs.valid = FirstChunks(inputs.train), FirstChunks(inputs.valid)
+    log = logging.getLogger("hibert")
+    if getattr(inputs.train, "is_clusters", False):
+        inputs.train, inputs.valid = (ranked_view(cfg, inputs.train, inputs.rt),
+                                      ranked_view(cfg, inputs.valid, inputs.rt))
+        if inputs.rt.is_main:
+            log.info("%s: %d train / %d valid clusters%s, units ranked by %s, <= %d tokens", cfg.finetune.task,
+                     len(inputs.train), len(inputs.valid),
+                     " (SYNTHETIC clusters)" if inputs.train.manifest.get("synthetic") else "",
+                     cfg.mds.ranking, cfg.mds.token_budget)
+    else:
+        inputs.train, inputs.valid = FirstChunks(inputs.train), FirstChunks(inputs.valid)
+        if inputs.rt.is_main:
+            log.info("abstractive: %d train / %d valid documents (first chunks; %d later chunks of long documents "
+                     "left out)", len(inputs.train), len(inputs.valid), inputs.train.skipped_later_chunks)
     if len(inputs.train) == 0:
         raise SystemExit(f"hibert finetune: {cfg.data.dataset_dir} has no training documents with summaries; "
                          "abstractive finetuning needs a corpus with summaries")
-    log = logging.getLogger("hibert")
+    cls = MDSTask if cfg.finetune.task == "mds" else AbstractiveTask
+    task = cls(cfg, model_cfg, inputs.init.state if inputs.init else None, decoder_state)
+    return run_task(cfg, inputs, task, "finetune")
+
+
+def _run_ranker(cfg: Config, inputs, model_cfg) -> int:
+    from finetune.ranker_task import RankerTask, all_units_view
+    from pretrain.runtime import run_task
+
+    inputs.train, inputs.valid = all_units_view(inputs.train), all_units_view(inputs.valid)
+    if len(inputs.train) == 0:
+        raise SystemExit(f"hibert finetune: {cfg.data.dataset_dir} has no training clusters with summaries")
     if inputs.rt.is_main:
-        log.info("abstractive: %d train / %d valid documents (first chunks; %d later chunks of long documents "
-                 "left out)", len(inputs.train), len(inputs.valid), inputs.train.skipped_later_chunks)
-    task = AbstractiveTask(cfg, model_cfg, inputs.init.state if inputs.init else None, decoder_state)
+        logging.getLogger("hibert").info(
+            "ranker: %d train / %d valid clusters%s", len(inputs.train), len(inputs.valid),
+            " (SYNTHETIC clusters)" if inputs.train.manifest.get("synthetic") else "")
+    task = RankerTask(cfg, model_cfg, inputs.init.state if inputs.init else None)
     return run_task(cfg, inputs, task, "finetune")
 
 
@@ -83,6 +120,8 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
                    help="pair this model with other runs on the same documents: NAME=<run dir | report dir | "
                         "report.json> (e.g. the extractive model, a random-init decoder)")
     p.add_argument("--limit", type=int, default=None, help="abstractive: decode only the first N documents")
+    p.add_argument("--ranking", default=None, help="clusters: how units are ranked before the budget cut "
+                   "(tfidf, lead, oracle, or a ranker: models:/hibert-ranker@finetuned); default: the model's")
     from finetune.abstractive_eval import add_generation_arguments
 
     add_generation_arguments(p)
@@ -108,7 +147,13 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
     ref = _model_ref(cfg, args.model)
     local = resolve_model(ref, uri, cfg.run_dir / "eval-model")
     from finetune.abstractive_eval import evaluate_abstractive, is_abstractive_export
+    from finetune.mds_inference import is_mds_export
 
+    if DocumentDataset(cfg.data.dataset_dir, args.split).is_clusters:
+        return _evaluate_clusters(cfg, args, local, ref, uri)
+    if is_mds_export(local) or (local / "ranker.json").is_file():
+        raise SystemExit(f"hibert evaluate: {ref} is a multi-document model; {cfg.data.dataset_dir} holds "
+                         "documents, not clusters")
     if is_abstractive_export(local):
         done = evaluate_abstractive(cfg, args, local, ref, uri)
         _log_to_mlflow(cfg, uri, done["out"], done["result"], done["meta"])
@@ -149,6 +194,29 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _evaluate_clusters(cfg: Config, args: argparse.Namespace, local: Path, ref: str, uri: str) -> int:
+    from finetune.abstractive_eval import is_abstractive_export
+    from finetune.mds_eval import evaluate_clusters, evaluate_ranker
+    from finetune.mds_inference import is_mds_export
+
+    if (local / "ranker.json").is_file():
+        done = evaluate_ranker(cfg, args, local, ref)
+        for name, by_cut in done["payload"]["recall"].items():
+            print(f"{name:15s} " + "  ".join(f"L'={c}: {v['mean']:.2f}" for c, v in by_cut.items()))
+        for pair, by_cut in done["payload"]["paired"].items():
+            d = by_cut["5"]
+            print(f"{pair:22s} L'=5 {d['diff']:+.2f} [{d['low']:+.2f},{d['high']:+.2f}] p={d['p_value']:.3g} (paired)")
+        print(f"report: {done['out'] / 'report.md'}")
+        return 0
+    if not (is_mds_export(local) or is_abstractive_export(local)):
+        raise SystemExit(f"hibert evaluate: {ref} is an extractive model; {cfg.data.dataset_dir} holds clusters "
+                         "(evaluate a ranker, mds or abstractive model on it)")
+    done = evaluate_clusters(cfg, args, local, ref, is_mds_export(local))
+    _log_to_mlflow(cfg, uri, done["out"], done["result"], done["meta"])
+    _print_scores(done["result"], done["paths"])
+    return 0
+
+
 def _print_scores(result: dict, paths: dict) -> None:
     for name, sc in result["systems"].items():
         print(f"{name:8s} " + "  ".join(f"{m.replace('_f', '')}={sc[m]['mean']:.2f}"
@@ -179,8 +247,12 @@ def _log_to_mlflow(cfg: Config, uri: str, out: Path, result: dict, meta: dict) -
 
 def add_summarize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="finetuned model: models:/hibert-extractive@latest or an export dir")
-    p.add_argument("--input", "-i", default="-", help="a text file (one document), a .jsonl file "
-                   "(one document per line, field --field), or - for stdin")
+    p.add_argument("--input", "-i", action="append", default=None,
+                   help="a text file (one document), a .jsonl file (one document per line, field --field), or - "
+                   "for stdin; a multi-document model: several --input files = one cluster, or a .jsonl file "
+                   "with a list of documents per line (field --field, default documents)")
+    p.add_argument("--ranking", default=None, help="multi-document model: rank units by tfidf or lead, or "
+                   "by a ranker (models:/hibert-ranker@finetuned); default: as the model was trained")
     p.add_argument("--field", default="text", help="JSONL field holding the document text")
     p.add_argument("--k", type=int, default=None, help="sentences to extract (default: the model's)")
     p.add_argument("--limit", type=int, default=None, help="summarize at most N documents of a JSONL input")
@@ -188,6 +260,30 @@ def add_summarize_arguments(p: argparse.ArgumentParser) -> None:
     from finetune.abstractive_eval import add_generation_arguments
 
     add_generation_arguments(p)
+
+
+def _summarize_clusters(cfg: Config, args: argparse.Namespace, local: Path, inputs, device: str) -> int:
+    from finetune.abstractive_eval import generation_from_args
+    from finetune.summarize import ClusterSummarizer
+    from hibert.registry import resolve_model, tracking_uri
+
+    from finetune.mds_data import RANKINGS
+    from finetune.mds_inference import load_mds
+
+    ranking = args.ranking or load_mds(local, "cpu")[1]["mds"].ranking
+    ranker_dir = None
+    if ranking not in RANKINGS:
+        ranker_dir = resolve_model(ranking, tracking_uri(cfg.tracking.uri, cfg.run.output_dir), cfg.run_dir / "summarize-ranker")
+    summarizer = ClusterSummarizer(local, device, cfg.data.segmenter.stanza_dir, lambda base: generation_from_args(base, args),
+                                   ranking, ranker_dir)
+    for s in summarizer.summarize_all(inputs):
+        if args.json:
+            print(json.dumps({"id": s.doc_id, "summary": s.sentences, "num_sentences": s.num_sentences, "note": s.note}))
+        else:
+            print(f"# {s.doc_id}: {len(s.sentences)}-sentence abstract of a cluster ({s.note})")
+            print("\n".join(s.sentences) if s.sentences else "(no summary: the cluster has no sentences)"
+                  if not s.num_sentences else "(empty summary: the model ended it at once)")
+    return 0
 
 
 def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
@@ -199,14 +295,32 @@ def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
     from finetune.summarize import AbstractiveSummarizer, InputError, Summarizer, read_documents
     from hibert.registry import resolve_model, tracking_uri
 
+    from finetune.mds_inference import is_mds_export
+    from finetune.summarize import read_clusters
+
     ref = _model_ref(cfg, args.model)
+    sources = args.input or ["-"]
+    try:
+        local = resolve_model(ref, tracking_uri(cfg.tracking.uri, cfg.run.output_dir), cfg.run_dir / "summarize-model")
+    except (FileNotFoundError, ValueError) as e:
+        local, load_error = None, e
+    clusters = local is not None and is_mds_export(local)
     try:  # every input problem is reported before the (slow) model load
-        inputs = list(read_documents(args.input, args.field, args.limit))
+        if clusters:
+            inputs = list(read_clusters(sources, args.field, args.limit))
+        elif len(sources) > 1:
+            raise InputError(f"{len(sources)} inputs: several files make one cluster, which needs a multi-document "
+                             "(mds) model")
+        else:
+            inputs = list(read_documents(sources[0], args.field, args.limit))
     except InputError as e:
         print(f"hibert summarize: {e}", file=sys.stderr)
         return 2
     try:
-        local = resolve_model(ref, tracking_uri(cfg.tracking.uri, cfg.run.output_dir), cfg.run_dir / "summarize-model")
+        if local is None:
+            raise load_error
+        if clusters:
+            return _summarize_clusters(cfg, args, local, inputs, device="cuda" if torch.cuda.is_available() else "cpu")
         device = "cuda" if torch.cuda.is_available() else "cpu"
         if is_abstractive_export(local):
             abstractive = AbstractiveSummarizer(local, device, cfg.data.segmenter.stanza_dir,

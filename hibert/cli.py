@@ -15,10 +15,12 @@ from hibert.config import ConfigError, dump_yaml, load_config
 COMMANDS: dict[str, tuple[str, str, bool]] = {
     "prep": ("data_prep.cli:run", "Turn raw corpora into segmented, SentencePiece-encoded, memory-mapped shards "
              "with a manifest (stanza segmentation, oracle labels, sharded/resumable).", True),
+    "synth-clusters": ("data_prep.synthetic_clusters:run", "Build SYNTHETIC multi-document clusters (an article + "
+                       "its tf-idf nearest neighbours of the same split) from a single-document JSONL corpus.", False),
     "pretrain": ("pretrain.cli:run", "Masked-sentence pretraining of a HIBERT encoder with DeepSpeed ZeRO "
                  "(open-domain or in-domain stage), checkpointed, resumable, tracked in MLflow.", True),
-    "finetune": ("finetune.cli:run_finetune", "Finetune an encoder from the registry (or a path) for extractive "
-                 "summarization; keeps the best checkpoint by validation ROUGE.", True),
+    "finetune": ("finetune.cli:run_finetune", "Finetune an encoder from the registry (or a path): extractive, "
+                 "abstractive, multi-document ranker or summarizer (finetune.task); keeps the best checkpoint.", True),
     "evaluate": ("finetune.cli:run_evaluate", "ROUGE evaluation with bootstrap confidence intervals next to "
                  "Lead-3 and the oracle; writes a Markdown/JSON report and a chart.", True),
     "summarize": ("finetune.cli:run_summarize", "Summarize raw text (a file, JSONL of documents, or - for stdin) "

@@ -335,7 +335,8 @@ class Trainer:
         if not m.is_file():
             return {}
         manifest = json.loads(m.read_text())
-        return {k: manifest[k] for k in ("segmenter", "limits", "tokenizer") if k in manifest}
+        return {k: manifest[k] for k in ("segmenter", "limits", "tokenizer", "kind", "clusters", "synthetic")
+                if k in manifest}
 
     def manifest_hash(self) -> str:
         m = Path(self.cfg.data.dataset_dir) / "manifest.json"

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from hibert.config.data import SourceConfig
 
-from data_prep.readers import cnndm, gigaword, hf, jsonl, text
+from data_prep.readers import cnndm, gigaword, hf, jsonl, multinews, text
 from data_prep.records import RawDoc, Skip
 
-_READERS = {"gigaword": gigaword, "cnndm": cnndm, "jsonl": jsonl, "hf": hf, "text": text}
+_READERS = {"gigaword": gigaword, "cnndm": cnndm, "jsonl": jsonl, "hf": hf, "text": text, "multinews": multinews}
 
 
 def source_name(source: SourceConfig, index: int) -> str:

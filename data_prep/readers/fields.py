@@ -23,8 +23,49 @@ def _raw_text(value: Any) -> str:
     return value if isinstance(value, str) else "\n\n".join(value)
 
 
+def _summary(obj: Mapping[str, Any], source: SourceConfig, raw: str, file: str, line: int,
+             max_chars: int) -> list[str] | None | R.Skip:
+    """The record's summary (None when the source has none), or why the record is skipped."""
+    if not source.summary_field:
+        return None
+    svalue = obj.get(source.summary_field)
+    if svalue is None or _paragraphs(svalue) is None:
+        return R.Skip(R.MISSING_FIELD, file, line, f"no usable {source.summary_field!r}")
+    sraw = _raw_text(svalue)
+    reason = R.check_text(sraw, max_chars)
+    if reason:
+        return R.Skip(reason, file, line, "in the summary")
+    return split_summary(sraw, source, raw)
+
+
+def _doc_id(obj: Mapping[str, Any], source: SourceConfig, default_id: str, file: str, line: int) -> str | R.Skip:
+    if not source.id_field:
+        return default_id
+    native = obj.get(source.id_field)
+    if native is None or isinstance(native, (dict, list)):
+        return R.Skip(R.MISSING_FIELD, file, line, f"no usable {source.id_field!r}")
+    return str(native)
+
+
+def cluster_paragraphs(documents: list[Any]) -> tuple[list[str], list[int]] | None:
+    """A cluster's documents (strings, or lists of paragraph strings) -> (paragraphs, document of each);
+    empty documents are dropped and the rest renumbered. None when the value is not a list of documents."""
+    paragraphs: list[str] = []
+    owner: list[int] = []
+    for d in documents:
+        ps = _paragraphs(d)
+        if ps is None:
+            return None
+        if ps:
+            paragraphs += ps
+            owner += [owner[-1] + 1 if owner else 0] * len(ps)
+    return paragraphs, owner
+
+
 def record_from_fields(obj: Mapping[str, Any], source: SourceConfig, name: str, default_id: str,
                        file: str, line: int, max_chars: int) -> R.RawDoc | R.Skip:
+    if source.documents_field:
+        return _cluster_from_fields(obj, source, name, default_id, file, line, max_chars)
     value = obj.get(source.text_field)
     if value is None:
         return R.Skip(R.MISSING_FIELD, file, line, f"no {source.text_field!r}")
@@ -35,24 +76,44 @@ def record_from_fields(obj: Mapping[str, Any], source: SourceConfig, name: str, 
     reason = R.check_text(raw, max_chars)
     if reason:
         return R.Skip(reason, file, line)
-    summary = None
-    if source.summary_field:
-        svalue = obj.get(source.summary_field)
-        if svalue is None or _paragraphs(svalue) is None:
-            return R.Skip(R.MISSING_FIELD, file, line, f"no usable {source.summary_field!r}")
-        sraw = _raw_text(svalue)
-        reason = R.check_text(sraw, max_chars)
-        if reason:
-            return R.Skip(reason, file, line, "in the summary")
-        summary = split_summary(sraw, source, raw)
+    summary = _summary(obj, source, raw, file, line, max_chars)
+    if isinstance(summary, R.Skip):
+        return summary
     if source.include_title and source.title_field:
         title = obj.get(source.title_field)
         if isinstance(title, str) and title.strip():
             paragraphs = [" ".join(title.split()), *paragraphs]
-    doc_id = default_id
-    if source.id_field:
-        native = obj.get(source.id_field)
-        if native is None or isinstance(native, (dict, list)):
-            return R.Skip(R.MISSING_FIELD, file, line, f"no usable {source.id_field!r}")
-        doc_id = str(native)
+    doc_id = _doc_id(obj, source, default_id, file, line)
+    if isinstance(doc_id, R.Skip):
+        return doc_id
     return R.RawDoc(f"{name}:{doc_id}", paragraphs, summary, file, line)
+
+
+def _cluster_from_fields(obj: Mapping[str, Any], source: SourceConfig, name: str, default_id: str,
+                         file: str, line: int, max_chars: int) -> R.RawDoc | R.Skip:
+    """A cluster record: `documents_field` holds its documents; summary, id and title as for documents."""
+    docs = obj.get(source.documents_field)
+    if not isinstance(docs, list):
+        return R.Skip(R.MISSING_FIELD, file, line, f"no list {source.documents_field!r}")
+    got = cluster_paragraphs(docs)
+    if got is None:
+        return R.Skip(R.MISSING_FIELD, file, line, f"{source.documents_field!r} holds something other than text")
+    return cluster_record(*got, obj, source, name, default_id, file, line, max_chars)
+
+
+def cluster_record(paragraphs: list[str], owner: list[int], obj: Mapping[str, Any], source: SourceConfig,
+                   name: str, default_id: str, file: str, line: int, max_chars: int) -> R.RawDoc | R.Skip:
+    raw = "\n\n".join(paragraphs)
+    reason = R.check_text(raw, max_chars)
+    if reason:
+        return R.Skip(reason, file, line, "cluster")
+    summary = _summary(obj, source, raw, file, line, max_chars)
+    if isinstance(summary, R.Skip):
+        return summary
+    doc_id = _doc_id(obj, source, default_id, file, line)
+    if isinstance(doc_id, R.Skip):
+        return doc_id
+    title = obj.get(source.title_field) if source.title_field else None
+    return R.RawDoc(f"{name}:{doc_id}", paragraphs, summary, file, line, paragraph_doc=owner,
+                    title=" ".join(title.split()) if isinstance(title, str) and title.strip() else None,
+                    synthetic=bool(obj.get("synthetic") is True))

@@ -9,7 +9,7 @@ from hibert.config.base import Section
 
 class SourceConfig(Section):
     """One raw corpus. `path` may be a file, a directory or a glob (relative paths: from the working dir)."""
-    format: Literal["gigaword", "cnndm", "jsonl", "hf", "text"]
+    format: Literal["gigaword", "cnndm", "jsonl", "hf", "text", "multinews"]
     path: str
     name: str | None = None                # prefix of the doc ids; defaults to the path's stem
     text_field: str = "text"               # jsonl / hf; a list of strings = one paragraph per item
@@ -23,6 +23,14 @@ class SourceConfig(Section):
     hf_split: str | None = None            # hf DatasetDict: one split (None = every split)
     split: Literal["train", "valid", "test"] | None = None  # force a split; None = hash of the doc id
     story_only: bool = True                # gigaword: keep type="story" only
+    # multi-document clusters: jsonl / hf records whose `documents_field` is a list of documents (strings, or
+    # lists of paragraphs); `multinews` reads Multi-News (.src/.tgt pairs or JSONL, documents joined by |||||)
+    documents_field: str | None = None
+    synthetic: bool = False                # clusters built by the project, not real topics: reports say so
+
+    @property
+    def is_cluster(self) -> bool:
+        return self.format == "multinews" or self.documents_field is not None
 
 
 class TokenizerConfig(Section):
@@ -63,6 +71,8 @@ class DataConfig(Section):
     max_sentence_tokens: int = Field(50, ge=1)   # HIBERT §4.1: truncate after 50 tokens
     max_doc_sentences: int = Field(30, ge=1)     # HIBERT §4.1: split longer documents into chunks
     max_doc_chars: int = Field(1_000_000, ge=1)  # longer raw documents are skipped ("too_long")
+    max_unit_sentences: int = Field(5, ge=1)     # clusters: a paragraph longer than this is cut into windows
+    max_cluster_units: int = Field(200, ge=1)    # clusters: units kept per cluster (the rest dropped, counted)
     valid_fraction: float = Field(0.02, ge=0.0, lt=1.0)
     test_fraction: float = Field(0.02, ge=0.0, lt=1.0)
     dedup: bool = True                     # drop exact-duplicate documents (whitespace-normalized text)
@@ -75,7 +85,16 @@ class DataConfig(Section):
     def _check(self) -> "DataConfig":
         if self.valid_fraction + self.test_fraction >= 1.0:
             raise ValueError("valid_fraction + test_fraction must be < 1")
+        kinds = {s.is_cluster for s in self.sources}
+        if len(kinds) > 1:
+            names = [f"{s.name or s.path} ({'clusters' if s.is_cluster else 'documents'})" for s in self.sources]
+            raise ValueError(f"data.sources mix clusters and documents: {', '.join(names)}; a prepared dataset "
+                             "holds one kind")
         return self
+
+    @property
+    def is_clusters(self) -> bool:
+        return any(s.is_cluster for s in self.sources)
 
     @property
     def dataset_dir(self) -> Path:

@@ -7,7 +7,9 @@ from hibert.config.base import Section
 
 
 class FinetuneConfig(Section):
-    task: Literal["extractive", "abstractive"] = "extractive"
+    # extractive / abstractive: documents (abstractive on a cluster dataset = the flat baseline over the
+    # ranked units); ranker / mds: clusters (the multi-document paragraph ranker and hierarchical summarizer)
+    task: Literal["extractive", "abstractive", "ranker", "mds"] = "extractive"
     # abstractive (PreSumm's BertSumAbs recipe on HIBERT): the decoder learns at optimizer.lr with
     # schedule.warmup_steps; the pretrained encoder at optimizer.lr x encoder_lr_scale with its own warmup
     # (PreSumm: encoder 0.002 / 20k, decoder 0.2 / 10k -> encoder_lr_scale 0.01, encoder_warmup_steps 20000).
@@ -15,5 +17,5 @@ class FinetuneConfig(Section):
     encoder_lr_scale: float = Field(1.0, ge=0.0)     # 0 = a frozen encoder (no requires_grad toggling)
     encoder_warmup_steps: int | None = Field(None, ge=0)  # None = schedule.warmup_steps
     max_target_tokens: int = Field(200, ge=4)        # summary subwords the decoder is trained on (incl. [SEP])
-    eval_decode_docs: int = Field(64, ge=1)          # validation documents decoded for model selection (ROUGE)
+    eval_decode_docs: int = Field(64, ge=1)          # validation documents (clusters) decoded/ranked for model selection
     init_decoder: bool = False                       # decoder self-attention/FFN from the pretraining decoder

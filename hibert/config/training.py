@@ -7,7 +7,7 @@ from hibert.config.base import Section
 
 
 class ObjectiveConfig(Section):
-    kind: Literal["masked_sentence", "extractive", "abstractive"] = "masked_sentence"
+    kind: Literal["masked_sentence", "extractive", "abstractive", "ranker", "mds"] = "masked_sentence"
     # masked-sentence pretraining (HIBERT §3.2)
     select_ratio: float = Field(0.15, gt=0.0, le=1.0)
     min_selected: int = Field(1, ge=0)

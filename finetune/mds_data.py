@@ -1,0 +1,184 @@
+"""What the multi-document heads read from a prepared cluster dataset: the units of each cluster in ranked
+order, cut to a token budget (Liu & Lapata 2019 §3: the ranker keeps the top L' paragraphs).
+
+Rankings: `tfidf` (cosine of each unit to the cluster's title, or to the centroid of its units when it has
+none — Liu & Lapata's baseline), `oracle` (the ROUGE-2 recall labels: an upper bound, never for test
+numbers), `lead` (document order), or scores from a learned ranker (`RankedClusters(..., scores=...)`).
+The view computes every cluster's order once (numpy) and is picklable, so DataLoader workers stay pure.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from hibert.tokens import SEP_ID  # noqa: F401  (re-exported for the tasks' targets)
+
+RANKINGS = ("tfidf", "oracle", "lead")
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def _bags(texts: Sequence[str]) -> list[Counter]:
+    return [Counter(_WORD.findall(t.lower())) for t in texts]
+
+
+def tfidf_scores(unit_texts: Sequence[str], query: str | None = None) -> np.ndarray:
+    """Cosine between each unit's tf-idf vector (sublinear tf, smoothed idf over the cluster's units) and the
+    query's (the title), or the centroid of the unit vectors without a query."""
+    bags = _bags(unit_texts)
+    n = len(bags)
+    if n == 0:
+        return np.zeros(0, np.float64)
+    df: Counter = Counter()
+    for b in bags:
+        df.update(b.keys())
+    vocab = {w: j for j, w in enumerate(df)}
+    idf = np.log((1 + n) / (1 + np.fromiter(df.values(), np.float64, len(df)))) + 1.0
+    mat = np.zeros((n, len(vocab)))
+    for i, b in enumerate(bags):
+        for w, c in b.items():
+            mat[i, vocab[w]] = 1.0 + np.log(c)
+    mat *= idf
+    norms = np.linalg.norm(mat, axis=1, keepdims=True)
+    mat = np.divide(mat, norms, out=np.zeros_like(mat), where=norms > 0)
+    if query is not None and _WORD.search(query.lower()):
+        q = np.zeros(len(vocab))
+        for w, c in _bags([query])[0].items():
+            if w in vocab:
+                q[vocab[w]] = (1.0 + np.log(c)) * idf[vocab[w]]
+    else:
+        q = mat.mean(0)
+    qn = np.linalg.norm(q)
+    return mat @ (q / qn) if qn > 0 else np.zeros(n)
+
+
+def rank_order(scores: np.ndarray) -> np.ndarray:
+    """Units by descending score; ties keep document order (stable)."""
+    return np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
+
+
+def budget_cut(order: np.ndarray, unit_tokens: np.ndarray, budget: int, top: int | None) -> np.ndarray:
+    """The prefix of `order` whose units' tokens fit `budget` (at least one unit, cut to `budget` later by
+    the caller if it alone is longer) and at most `top` units."""
+    cum = np.cumsum(np.asarray(unit_tokens)[order])
+    keep = max(1, int(np.searchsorted(cum, budget, side="right")))
+    if top is not None:
+        keep = min(keep, top)
+    return order[:keep]
+
+
+class RankedClusters:
+    """A view of a cluster `DocumentDataset` split: item i = the selected units of cluster i in rank order
+    (a list of unit Documents, `units(i)`), `__getitem__` = their sentences back to back (what a flat
+    single-document model reads). Only clusters with a summary are kept (`rows`)."""
+
+    def __init__(self, dataset, ranking: str = "tfidf", budget: int = 800, top: int | None = None,
+                 scores: Sequence[np.ndarray] | None = None, max_units: int | None = None):
+        if not getattr(dataset, "is_clusters", False):
+            raise ValueError(f"{dataset.dir} is not a cluster dataset (manifest kind: "
+                             f"{dataset.manifest.get('kind', 'documents')}); multi-document heads need clusters")
+        if scores is None and ranking not in RANKINGS:
+            raise ValueError(f"ranking must be one of {RANKINGS} or learned scores, not {ranking!r}")
+        self.base, self.ranking, self.budget, self.top = dataset, ranking if scores is None else "ranker", budget, top
+        self.max_units = max_units
+        keep = [i for i in range(len(dataset)) if dataset.summary(i) is not None]
+        self.rows = np.asarray(keep, dtype=np.int64)
+        orders, lens, nsents = [], [], []
+        for k, i in enumerate(keep):
+            unit_tokens = self._unit_tokens(i)
+            if scores is not None:
+                s = np.asarray(scores[k], dtype=np.float64)
+                if len(s) != len(unit_tokens):
+                    raise ValueError(f"ranker scores for cluster {dataset.doc_id(i)}: {len(s)} scores for "
+                                     f"{len(unit_tokens)} units")
+            elif ranking == "tfidf":
+                s = tfidf_scores([" ".join(u) for u in dataset.units_text(i)], dataset.title(i))
+            elif ranking == "oracle":
+                s = dataset.unit_scores(i)
+            else:
+                s = -np.arange(len(unit_tokens), dtype=np.float64)
+            top_units = top if max_units is None else min(top or max_units, max_units)
+            sel = budget_cut(rank_order(s), unit_tokens, budget, top_units)
+            orders.append(sel)
+            n_sents = int(self._unit_sentences(i)[sel].sum())
+            nsents.append(n_sents)
+            lens.append(int(unit_tokens[sel].sum()) - n_sents)   # words only, as DocumentDataset counts
+        self.order_offsets = np.concatenate([[0], np.cumsum([len(o) for o in orders])]).astype(np.int64)
+        self.orders = np.concatenate(orders).astype(np.int64) if orders else np.zeros(0, np.int64)
+        self.doc_num_tokens = np.asarray(lens, dtype=np.int64)
+        self.doc_num_sentences = np.asarray(nsents, dtype=np.int64)
+        self.doc_source = np.arange(len(keep), dtype=np.int64)
+
+    # ------------------------------------------------------------------ per cluster
+    def _unit_tokens(self, i: int) -> np.ndarray:
+        """Tokens (+ one EOS per sentence) of every unit of base cluster i."""
+        sents = self.base[i]
+        sent_tokens = np.fromiter((len(s) + 1 for s in sents), np.int64, len(sents))
+        o = np.asarray(self.base.unit_offsets(i), dtype=np.int64)
+        return np.add.reduceat(sent_tokens, o[:-1]) if len(o) > 1 else np.zeros(0, np.int64)
+
+    def _unit_sentences(self, i: int) -> np.ndarray:
+        return np.diff(np.asarray(self.base.unit_offsets(i), dtype=np.int64))
+
+    def order(self, k: int) -> np.ndarray:
+        """Unit numbers (within the cluster) of view item k, in rank order."""
+        return self.orders[self.order_offsets[k]:self.order_offsets[k + 1]]
+
+    def units(self, k: int) -> list[list[np.ndarray]]:
+        all_units = self.base.units(int(self.rows[k]))
+        return [all_units[j] for j in self.order(k).tolist()]
+
+    def units_text(self, k: int) -> list[list[str]]:
+        all_units = self.base.units_text(int(self.rows[k]))
+        return [all_units[j] for j in self.order(k).tolist()]
+
+    def __getitem__(self, k: int) -> list[np.ndarray]:
+        return [s for u in self.units(k) for s in u]
+
+    def sentences_text(self, k: int) -> list[str]:
+        return [s for u in self.units_text(k) for s in u]
+
+    # ------------------------------------------------------------------ dataset interface
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __repr__(self) -> str:
+        return f"RankedClusters({self.base!r}, ranking={self.ranking}, budget={self.budget}, clusters={len(self)})"
+
+    @property
+    def split(self) -> str:
+        return self.base.split
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.base.tokenizer_path
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return self.base.manifest
+
+    @property
+    def dir(self) -> Path:
+        return self.base.dir
+
+    def chunk_index(self, k: int) -> int:
+        return 0
+
+    def __getattr__(self, name: str):
+        # per-cluster accessors of the dataset (summary, summary_text, doc_id, source_doc, title, unit_scores,
+        # unit_docs) take the view's index
+        if name.startswith("_") or name in ("base", "rows"):
+            raise AttributeError(name)
+        attr = getattr(self.base, name)
+        if callable(attr):
+            return lambda k, *a, **kw: attr(int(self.rows[k]), *a, **kw)
+        return attr

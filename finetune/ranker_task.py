@@ -1,0 +1,206 @@
+"""The paragraph ranker of Liu & Lapata 2019 (§3) on HIBERT, as a Task on the one runtime: the registered
+encoder reads every unit of a cluster, a pooled vector per unit goes through a linear head, and the scores
+are trained against each unit's ROUGE-2 recall of the target summary (listwise within the cluster, or a
+regression). Validation: the loss, and the ROUGE-L recall of the top L' = 5 units (Liu & Lapata's Table 1
+measure) on the first `finetune.eval_decode_docs` clusters, which drives model selection. Exported as
+encoder.safetensors + ranker.safetensors + ranker.json; registered as `hibert-ranker`."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from hibert.config import Config
+from hibert.config.model import ModelConfig
+from modeling.packing import TensorBundle
+from pretrain.task import LoaderItem, ParamGroup, Task, decay_groups
+
+RANKER_WEIGHTS = "ranker.safetensors"
+RANKER_CONFIG = "ranker.json"
+
+
+@dataclass
+class RankerBatch(TensorBundle):
+    clusters: object          # modeling.clusters.PackedClusters
+    labels: Tensor            # [U] ROUGE-2 recall of every unit (cluster-major, as packed)
+
+    def to(self, device, non_blocking: bool = True) -> "RankerBatch":
+        return RankerBatch(self.clusters.to(device, non_blocking=non_blocking),
+                           self.labels.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> "RankerBatch":
+        return RankerBatch(self.clusters.pin_memory(), self.labels.pin_memory())
+
+
+def all_units_view(dataset):
+    """Every unit of every cluster with a summary, in document order (the ranker scores all of them)."""
+    from finetune.mds_data import RankedClusters
+
+    return RankedClusters(dataset, ranking="lead", budget=np.iinfo(np.int64).max // 2)
+
+
+class RankerTask(Task):
+    name = "ranker"
+    eval_metric = "valid_recall5"
+    eval_mode = "max"
+    stat_keys = ("loss_sum", "clusters")
+
+    def __init__(self, cfg: Config, model_cfg: ModelConfig, init_state: dict[str, Tensor] | None = None):
+        self.cfg, self.model_cfg, self.init_state = cfg, model_cfg, init_state
+
+    def model_config(self) -> ModelConfig:
+        return self.model_cfg
+
+    def registry_name(self, cfg: Config) -> str:
+        return "hibert-ranker"
+
+    def registry_alias(self, cfg: Config) -> str | None:
+        return cfg.tracking.alias or "finetuned"
+
+    def new_model(self) -> torch.nn.Module:
+        from modeling.ranker import HibertRanker
+
+        return HibertRanker(self.model_cfg, self.cfg.mds.ranker_pool)
+
+    def build_model(self) -> torch.nn.Module:
+        model = self.new_model()
+        if self.init_state is not None:
+            from pretrain.export import load_encoder
+
+            load_encoder(model.encoder, self.init_state)
+        return model
+
+    def param_groups(self, model: torch.nn.Module, cfg: Config) -> list[ParamGroup]:
+        ft, wd = cfg.finetune, cfg.optimizer.weight_decay
+        enc = [(n, p) for n, p in model.named_parameters() if n.startswith("encoder.")]
+        head = [(n, p) for n, p in model.named_parameters() if not n.startswith("encoder.")]
+        return (decay_groups(enc, wd, "encoder.", lr_scale=ft.encoder_lr_scale, warmup_steps=ft.encoder_warmup_steps)
+                + decay_groups(head, wd, "head."))
+
+    # ---------------------------------------------------------------- data
+    def make_item(self, dataset, doc_indices: np.ndarray, epoch: int) -> LoaderItem:
+        from modeling import flops_per_batch
+        from modeling.clusters import pack_clusters
+
+        clusters, labels = [], []
+        for i in doc_indices.tolist():
+            units = dataset.units(i)
+            scores = dataset.unit_scores(i)
+            if scores is None:
+                raise ValueError(f"{dataset.split} cluster {dataset.doc_id(i)} has no summary: the ranker needs "
+                                 "ROUGE-2 recall labels")
+            clusters.append(units)
+            labels.append(np.asarray(scores, dtype=np.float32)[dataset.order(i)])
+        batch = RankerBatch(pack_clusters(clusters), torch.from_numpy(np.concatenate(labels)))
+        sent_lens = [len(s) + 1 for c in clusters for u in c for s in u]
+        unit_lens = [len(u) for c in clusters for u in c]
+        flops = flops_per_batch(self.model_cfg, sent_lens, unit_lens, [], backward=True)
+        return LoaderItem(batch, real_tokens=sum(sent_lens), flops=flops, num_docs=len(clusters))
+
+    def loss(self, engine, item: LoaderItem):
+        from modeling.ranker import ranker_loss
+
+        batch: RankerBatch = item.batch
+        scores = engine(batch.clusters.units)
+        loss, counted = ranker_loss(scores.float(), batch.labels, batch.clusters.layout, self.cfg.mds.ranker_loss)
+        n = torch.as_tensor(float(counted), dtype=torch.float64)
+        return loss, {"loss_sum": loss.detach().double() * n, "clusters": n}
+
+    def summarize(self, sums: dict[str, float], prefix: str) -> dict[str, float]:
+        n = sums.get("clusters", 0.0)
+        return {f"{prefix}loss": sums["loss_sum"] / n} if n > 0 else {}
+
+    # ---------------------------------------------------------------- evaluation
+    def evaluate(self, trainer) -> dict[str, float]:
+        from pretrain.export import gather_fp32_state_dict
+
+        metrics = super().evaluate(trainer)
+        full = gather_fp32_state_dict(trainer.engine.module, "")
+        box = [None]
+        if trainer.rt.is_main:
+            box = [self.selection_metrics(full, trainer.valid_data, trainer.rt.device)]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(box, src=0)
+        return {**metrics, **box[0]}
+
+    def selection_metrics(self, state: dict[str, Tensor], data, device: torch.device) -> dict[str, float]:
+        """ROUGE-L recall of the top 5 units by the model and by tf-idf on the first clusters of `data`."""
+        from finetune.mds_data import rank_order, tfidf_scores
+        from finetune.ranker_eval import ranking_table
+
+        model = self.new_model()
+        model.load_state_dict(state)
+        n = min(len(data), self.cfg.finetune.eval_decode_docs)
+        scores = score_clusters(model.to(device).eval(), [data.units(i) for i in range(n)], device)
+        texts = [data.units_text(i) for i in range(n)]
+        orders = {"model": [rank_order(s) for s in scores],
+                  "tfidf": [rank_order(tfidf_scores([" ".join(u) for u in t], data.title(i)))
+                            for i, t in enumerate(texts)]}
+        table = ranking_table(texts, [data.summary_text(i) for i in range(n)], orders, cutoffs=(5,))
+        return {"valid_recall5": float(table["model"][5].mean()), "valid_tfidf_recall5": float(table["tfidf"][5].mean())}
+
+    # ---------------------------------------------------------------- export
+    def write_export_extras(self, out_dir, full_state: dict[str, Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        head = {k: v.contiguous() for k, v in full_state.items() if not k.startswith("encoder.")}
+        save_file(head, str(Path(out_dir) / RANKER_WEIGHTS))
+        (Path(out_dir) / RANKER_CONFIG).write_text(json.dumps({"mds": self.cfg.mds.model_dump(mode="json")}, indent=1))
+
+
+@torch.no_grad()
+def score_clusters(model: torch.nn.Module, clusters: list[list[list[np.ndarray]]], device: torch.device | str,
+                   max_tokens: int = 32768) -> list[np.ndarray]:
+    """Ranker scores of every unit of every cluster (clusters batched up to `max_tokens`), in input order."""
+    from modeling.clusters import pack_clusters
+
+    out: list[np.ndarray] = []
+    batch: list[list[list[np.ndarray]]] = []
+    tokens = 0
+
+    def flush() -> None:
+        if batch:
+            packed = pack_clusters(batch).to(device)
+            s = model(packed.units).float().cpu().numpy()
+            counts = [len(c) for c in batch]
+            out.extend(np.split(s, np.cumsum(counts)[:-1]))
+            batch.clear()
+
+    for c in clusters:
+        n = sum(len(s) + 1 for u in c for s in u)
+        if batch and tokens + n > max_tokens:
+            flush()
+            tokens = 0
+        batch.append(c)
+        tokens += n
+    flush()
+    return out
+
+
+def load_ranker(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict]:
+    """(ranker in eval mode, settings) from an export written by this task."""
+    from safetensors.torch import load_file
+
+    from hibert.config.mds import MDSConfig
+    from modeling.ranker import HibertRanker
+    from pretrain.export import load_encoder, read_export
+
+    export_dir = Path(export_dir)
+    enc, model_cfg, meta = read_export(export_dir)
+    if not (export_dir / RANKER_WEIGHTS).is_file():
+        raise FileNotFoundError(f"{export_dir} holds no ranker ({RANKER_WEIGHTS}): pass a model produced by "
+                                "`hibert finetune finetune.task=ranker`")
+    mds = MDSConfig.model_validate(json.loads((export_dir / RANKER_CONFIG).read_text())["mds"])
+    model = HibertRanker(model_cfg, mds.ranker_pool)
+    load_encoder(model.encoder, enc)
+    missing, unexpected = model.load_state_dict(load_file(str(export_dir / RANKER_WEIGHTS)), strict=False)
+    missing = [k for k in missing if not k.startswith("encoder.")]
+    if missing or unexpected:
+        raise ValueError(f"{export_dir}/{RANKER_WEIGHTS} does not fit the ranker: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    return model.to(device).eval(), {**meta, "mds": mds.model_dump(), "model": model_cfg.model_dump()}
