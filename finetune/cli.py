@@ -120,6 +120,8 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
                    help="pair this model with other runs on the same documents: NAME=<run dir | report dir | "
                         "report.json> (e.g. the extractive model, a random-init decoder)")
     p.add_argument("--limit", type=int, default=None, help="abstractive: decode only the first N documents")
+    p.add_argument("--token-budget", type=int, default=None, help="clusters: source tokens the model reads "
+                   "(default: as trained; e.g. train on 800, test on 1600)")
     p.add_argument("--ranking", default=None, help="clusters: how units are ranked before the budget cut "
                    "(tfidf, lead, oracle, or a ranker: models:/hibert-ranker@finetuned); default: the model's")
     from finetune.abstractive_eval import add_generation_arguments
