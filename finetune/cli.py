@@ -69,7 +69,7 @@ def _run_abstractive(cfg: Config, inputs, model_cfg) -> int:
             log.info("%s: %d train / %d valid clusters%s, units ranked by %s, <= %d tokens", cfg.finetune.task,
                      len(inputs.train), len(inputs.valid),
                      " (SYNTHETIC clusters)" if inputs.train.manifest.get("synthetic") else "",
-                     cfg.mds.ranking, cfg.mds.token_budget)
+                     cfg.mds.ranking, cfg.mds.budget_tokens)
     else:
         inputs.train, inputs.valid = FirstChunks(inputs.train), FirstChunks(inputs.valid)
         if inputs.rt.is_main:
@@ -120,7 +120,7 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
                    help="pair this model with other runs on the same documents: NAME=<run dir | report dir | "
                         "report.json> (e.g. the extractive model, a random-init decoder)")
     p.add_argument("--limit", type=int, default=None, help="abstractive: decode only the first N documents")
-    p.add_argument("--token-budget", type=int, default=None, help="clusters: source tokens the model reads "
+    p.add_argument("--budget-tokens", type=int, default=None, help="clusters: source tokens the model reads "
                    "(default: as trained; e.g. train on 800, test on 1600)")
     p.add_argument("--ranking", default=None, help="clusters: how units are ranked before the budget cut "
                    "(tfidf, lead, oracle, or a ranker: models:/hibert-ranker@finetuned); default: the model's")

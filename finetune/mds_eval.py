@@ -58,11 +58,11 @@ def evaluate_clusters(cfg, args: argparse.Namespace, local: Path, ref: str, mds:
     gen = generation_from_args(meta["generation"], args)
     if mds:  # the model reads units as it was trained to: its ranking, budget and unit cap
         cfg.mds = meta["mds"]
-    trained_budget = cfg.mds.token_budget
+    trained_budget = cfg.mds.budget_tokens
     if getattr(args, "ranking", None):  # e.g. the learned ranker at test time, or tfidf for an ablation
         cfg.mds = cfg.mds.model_copy(update={"ranking": args.ranking})
-    if getattr(args, "token_budget", None):  # Liu & Lapata's test: trained on 800 tokens, read 1,600
-        cfg.mds = cfg.mds.model_copy(update={"token_budget": args.token_budget})
+    if getattr(args, "budget_tokens", None):  # Liu & Lapata's test: trained on 800 tokens, read 1,600
+        cfg.mds = cfg.mds.model_copy(update={"budget_tokens": args.budget_tokens})
     test = DocumentDataset(cfg.data.dataset_dir, args.split)
     view = ranked_view(cfg, test, None, Path(args.out) if args.out else cfg.run_dir / f"report-{args.split}")
     n = len(view) if not args.limit else min(args.limit, len(view))
@@ -94,7 +94,7 @@ def evaluate_clusters(cfg, args: argparse.Namespace, local: Path, ref: str, mds:
     report_meta = {"task": task,
                    **data_note(test), "model": redact_uri(ref), "encoder_init": meta.get("init"),
                    "dataset": str(cfg.data.dataset_dir), "split": args.split, "generation": gen.model_dump(),
-                   "reads": f"units ranked by {cfg.mds.ranking}, <= {cfg.mds.token_budget} tokens (trained on "
+                   "reads": f"units ranked by {cfg.mds.ranking}, <= {cfg.mds.budget_tokens} tokens (trained on "
                             f"{trained_budget})"
                             f"{'' if mds else ', back to back as one document'}",
                    "lead3_first_doc": "the first 3 sentences of the first document",

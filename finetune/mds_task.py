@@ -1,6 +1,6 @@
 """Abstractive multi-document summarization (Liu & Lapata 2019's hierarchical transformer on HIBERT) as a Task
 on the one runtime. It is the abstractive head with another encoder side: the units of a cluster, ranked and
-cut to `mds.token_budget` (finetune/mds_data.py), are encoded by HIBERT (local layers), mixed across units by
+cut to `mds.budget_tokens` (finetune/mds_data.py), are encoded by HIBERT (local layers), mixed across units by
 the global layers (optionally graph-informed or structural), and read by the same decoder, generator, loss,
 two optimizer groups (the pretrained encoder at `finetune.encoder_lr_scale`; global layers and decoder at
 optimizer.lr), validation ROUGE and export as `AbstractiveTask`. Registered as `hibert-mds`."""
@@ -91,13 +91,13 @@ class MDSTask(AbstractiveTask):
 
 # -------------------------------------------------------------------------------------------- ranking
 def ranked_view(cfg: Config, dataset, rt=None, run_dir: Path | None = None):
-    """`dataset` (a cluster split) ranked by `mds.ranking` and cut to `mds.token_budget` / `mds.top_units` /
+    """`dataset` (a cluster split) ranked by `mds.ranking` and cut to `mds.budget_tokens` / `mds.top_units` /
     `mds.max_units`. A learned ranker (`models:/hibert-ranker@...` or an export dir) scores the split once on
     rank 0; the scores are written to <run dir>/rankings/ and read by every rank."""
     from finetune.mds_data import RANKINGS, RankedClusters
 
     m = cfg.mds
-    common = {"budget": m.token_budget, "top": m.top_units, "max_units": m.max_units}
+    common = {"budget": m.budget_tokens, "top": m.top_units, "max_units": m.max_units}
     if m.ranking in RANKINGS:
         return RankedClusters(dataset, m.ranking, **common)
     run_dir = run_dir or cfg.run_dir

@@ -264,7 +264,7 @@ class ClusterSummarizer:
                 s = tfidf_scores([" ".join(t) for t in texts])
             tokens = np.array([sum(len(x) + 1 for x in u) for u in ids])
             top = self.mds.top_units if self.mds.top_units else self.mds.max_units
-            chosen[i] = budget_cut(rank_order(s), tokens, self.mds.token_budget, min(top, self.mds.max_units))
+            chosen[i] = budget_cut(rank_order(s), tokens, self.mds.budget_tokens, min(top, self.mds.max_units))
         batch = [[prepared[i][1][j] for j in chosen[i].tolist()] for i in todo]
         graphs = None
         if self.mds.graph_attention:

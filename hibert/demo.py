@@ -145,6 +145,14 @@ def print_results(reports: list[dict], names: list[str]) -> None:
     """One table per dataset: every finetuned model on it, then Lead-3 and the oracle (the same documents
     in every report of a dataset)."""
     groups: dict[tuple[str, str], list[tuple[str, dict]]] = {}
+    for name, rep in zip(names, reports):
+        if "recall" in rep:  # a unit-ranking report: ROUGE-L recall of the top L' units, not summaries
+            print(f"\n== {name}: ROUGE-L recall of the top L' units ({rep['meta'].get('clusters')} clusters) ==")
+            for ranking, by_cut in rep["recall"].items():
+                print(f"  {ranking:<15}" + "  ".join(f"L'={c} {v['mean']:5.2f}" for c, v in by_cut.items()))
+            d = rep["paired"]["ranker-tfidf"]["5"]
+            print(f"  ranker - tfidf at L'=5: {d['diff']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}] p={d['p_value']:.3g}")
+    reports, names = [r for r in reports if "scores" in r], [n for n, r in zip(names, reports) if "scores" in r]
     for name, rep in zip(names, reports):  # one table per dataset and head (extractive, abstractive)
         key = (rep["meta"].get("dataset_manifest", "?"), rep["meta"].get("task", "extractive"))
         groups.setdefault(key, []).append((name, rep))

@@ -262,7 +262,7 @@ def resolve_version(uri: str, name: str, alias: str) -> str:
 def has_summaries(source) -> bool:
     """cnndm .story files carry @highlight summaries; jsonl/hf have them when summary_field is set;
     gigaword and plain text never do."""
-    return source.format == "cnndm" or (source.format in ("jsonl", "hf") and bool(source.summary_field))
+    return source.format in ("cnndm", "multinews") or (source.format in ("jsonl", "hf") and bool(source.summary_field))
 
 
 def check_summaries(stage: SlurmStage, cfg: Config) -> None:

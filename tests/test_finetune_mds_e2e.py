@@ -14,7 +14,7 @@ from test_pretrain_deepspeed import metric_history
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SHORT = {"schedule.batch_tokens": 3000, "schedule.max_docs_per_batch": 4, "finetune.eval_decode_docs": 3,
-         "checkpoint.every_steps": 4, "mds.token_budget": 300}
+         "checkpoint.every_steps": 4, "mds.budget_tokens": 300}
 MDS = {"finetune.task": "mds", "mds.ranking": "models:/hibert-ranker@finetuned", "mds.global_layers": 1,
        "mds.graph_attention": True, "mds.structural_attention": True, "decoder.layers": 1,
        "decoder.cross_attention": "pht", "decoder.copy": True, "finetune.max_target_tokens": 30,

@@ -21,5 +21,5 @@ class MDSConfig(Section):
     # how units are ordered before the budget cut: tfidf (to the title, else the centroid), lead (document
     # order), oracle (the ROUGE-2 recall labels: an upper bound), or a learned ranker (models:/hibert-ranker@...)
     ranking: str = "tfidf"
-    token_budget: int = Field(800, ge=16)               # the summarizer reads the top units within this
+    budget_tokens: int = Field(800, ge=16)               # the summarizer reads the top units within this
     top_units: int | None = Field(None, ge=1)           # and at most this many
