@@ -102,20 +102,27 @@ def pack_clusters(clusters: Sequence[Sequence[Document]], graphs: Sequence[np.nd
     return PackedClusters(packed, layout, memory, graph)
 
 
-def unit_graph(units: Sequence[Sentence], threshold: float) -> np.ndarray:
-    """Liu & Lapata eq. 24's graph: tf-idf cosine between units (bags of token ids; sublinear tf, smoothed
-    idf over the cluster's units), edges below `threshold` dropped, self loops 1. Not row-normalised (the
-    global layer normalises over the real units it sees)."""
+def unit_graph(units: Sequence[Sentence] | Sequence[str], threshold: float) -> np.ndarray:
+    """Liu & Lapata eq. 24's graph [U, U] float32: tf-idf cosine between the units of one cluster, each a bag
+    of token ids (or a text: its lower-cased whitespace words); sublinear tf 1 + log(count), smoothed idf
+    log((1 + U) / (1 + df)) + 1 over the cluster's units, edges below `threshold` dropped, self loops 1 (an
+    empty unit gets only its self loop). Symmetric and NOT row-normalised: the global layer's graph head
+    (`modeling.hierarchical.graph_weights`) normalises each row over the real units of the batch's grid."""
     n = len(units)
     if n == 0:
         return np.zeros((0, 0), np.float32)
-    ids = [np.asarray(u, dtype=np.int64) for u in units]
-    vocab, inverse = np.unique(np.concatenate(ids) if any(len(u) for u in ids) else np.zeros(0, np.int64),
-                               return_inverse=True)
-    tf = np.zeros((n, len(vocab)))
-    starts = np.concatenate([[0], np.cumsum([len(u) for u in ids])])
-    for i in range(n):
-        np.add.at(tf[i], inverse[starts[i]:starts[i + 1]], 1.0)
+    if all(isinstance(u, str) for u in units):
+        texts = [u.lower() for u in units]  # type: ignore[union-attr]
+        lens = np.fromiter((len(t.split()) for t in texts), dtype=np.int64, count=n)
+        tokens: np.ndarray = np.array(" ".join(texts).split(), dtype=str)
+    else:
+        ids = [np.asarray(u, dtype=np.int64).reshape(-1) for u in units]
+        lens = np.fromiter((len(u) for u in ids), dtype=np.int64, count=n)
+        tokens = np.concatenate(ids)
+    vocab, inverse = np.unique(tokens, return_inverse=True)
+    v = max(len(vocab), 1)
+    unit_of = np.repeat(np.arange(n, dtype=np.int64), lens)
+    tf = np.bincount(unit_of * v + inverse.reshape(-1), minlength=n * v).reshape(n, v).astype(np.float64)
     df = (tf > 0).sum(0)
     w = np.where(tf > 0, 1.0 + np.log(np.maximum(tf, 1.0)), 0.0) * (np.log((1 + n) / (1 + df)) + 1.0)
     norm = np.linalg.norm(w, axis=1, keepdims=True)

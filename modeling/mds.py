@@ -7,10 +7,13 @@ as one "document" per cluster whose "sentences" are the units (`PackedClusters.m
 (the mean of its tokens) stands where a sentence vector would. So `flat` cross-attention reads all tokens,
 `pht` normalises token attention within each unit and scales it by unit attention (Ma & Zong eq. 7-10 over
 paragraphs), `vht` attends over per-unit context vectors, and the copy mixture scatters onto source ids — all
-with the single-document code, as do teacher forcing, the KV cache and the batched beam search.
+with the single-document code, as do teacher forcing, the KV cache and the batched beam search
+(`modeling.generate.generate(model, pack_clusters(...), gen)`). The order of the units in a cluster is their
+rank (PHT's ranking encoding R and the global layers' rank embedding both read it).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -19,7 +22,7 @@ import torch
 from hibert.config.abstractive import DecoderConfig
 from hibert.config.mds import MDSConfig
 from hibert.config.model import ModelConfig
-from modeling.abstractive import (AbstractiveBatch, AbstractiveDecoder, CrossCache, HibertAbstractive,
+from modeling.abstractive import (AbstractiveBatch, AbstractiveDecoder, CrossCache, HibertAbstractive, SourceMemory,
                                   source_memory)
 from modeling.clusters import PackedClusters, pack_clusters
 from modeling.encoder import EncoderOutput, HibertEncoder
@@ -28,22 +31,61 @@ from modeling.packing import Document, Sentence
 from modeling.pretraining import _decoder_fields
 
 
+@dataclass
+class MDSBatch(AbstractiveBatch):
+    """An `AbstractiveBatch` whose "documents" are clusters: `docs` is a `PackedClusters`."""
+
+    docs: PackedClusters  # type: ignore[assignment]
+
+
 def make_mds_batch(clusters: Sequence[Sequence[Document]], targets: Sequence[Sentence],
-                   graphs: Sequence[np.ndarray] | None = None, pad_to_multiple: int = 8) -> AbstractiveBatch:
-    """Teacher-forcing batch of clusters (units in rank order) and their target summaries; `docs` holds a
-    `PackedClusters`."""
+                   graphs: Sequence[np.ndarray] | None = None, pad_to_multiple: int = 8) -> MDSBatch:
+    """Teacher-forcing batch of clusters (lists of units in rank order; a unit is a list of sentences of token
+    ids, no specials), their target summaries (no specials) and optionally each cluster's unit graph."""
     if len(clusters) != len(targets):
         raise ValueError(f"{len(clusters)} clusters but {len(targets)} targets")
     packed = pack_clusters(clusters, graphs, pad_to_multiple)
     f = _decoder_fields([[t] for t in targets], np.arange(len(clusters), dtype=np.int64), None, pad_to_multiple)
-    return AbstractiveBatch(docs=packed, dec_tokens=f["dec_tokens"], dec_labels=f["dec_labels"],  # type: ignore[arg-type]
-                            dec_pos=f["dec_pos"], dec_doc=f["dec_rows"], dec_index=f["dec_index"], dec_cu=f["dec_cu"],
-                            target_lens=f["target_lens"], max_target_len=f["max_target_len"],
-                            num_target_tokens=f["num_target_tokens"])
+    return MDSBatch(docs=packed, dec_tokens=f["dec_tokens"], dec_labels=f["dec_labels"], dec_pos=f["dec_pos"],
+                    dec_doc=f["dec_rows"], dec_index=f["dec_index"], dec_cu=f["dec_cu"],
+                    target_lens=f["target_lens"], max_target_len=f["max_target_len"],
+                    num_target_tokens=f["num_target_tokens"])
+
+
+def cluster_states(encoder: HibertEncoder, global_encoder: GlobalEncoder, packed: PackedClusters,
+                   add_sentence_vectors: bool = True) -> EncoderOutput:
+    """Every unit token's state after the global layers, on the memory layout (`packed.memory_docs`), with the
+    unit vectors where sentence vectors would be. A token enters the global layers as its sentence-level
+    state plus (if `add_sentence_vectors`) the document-level vector of its sentence within its unit — what
+    `source_memory` gives a single document."""
+    units = packed.units
+    enc = encoder(units)
+    x = enc.token_flat
+    if add_sentence_vectors:
+        rows = torch.repeat_interleave(torch.arange(units.tokens.shape[0], device=x.device), units.sent_lens,
+                                       output_size=units.num_real_tokens)
+        x = x + enc.sentence_states.index_select(0, rows)
+    layout = packed.layout
+    x = global_encoder(x, layout, packed.graph)
+    # unit vector = mean of its tokens (the unit stream is the memory stream: same tokens, same order)
+    n_units = layout.num_units
+    count = torch.zeros(n_units, 1, dtype=x.dtype, device=x.device).index_add_(
+        0, layout.token_unit, torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device))
+    unit_vec = x.new_zeros(n_units, x.shape[1]).index_add(0, layout.token_unit, x) / count
+    return EncoderOutput(token_flat=x, sentence_states=unit_vec, docs=packed.memory_docs)
+
+
+def cluster_memory(encoder: HibertEncoder, global_encoder: GlobalEncoder, packed: PackedClusters,
+                   add_sentence_vectors: bool = True) -> SourceMemory:
+    """The decoder memory of C clusters: one "document" per cluster, its units as the "sentences"."""
+    return source_memory(cluster_states(encoder, global_encoder, packed, add_sentence_vectors),
+                         add_sentence_vectors=False)  # already added, per sentence within its unit
 
 
 class HibertMDS(HibertAbstractive):
-    """`.encoder` (HibertEncoder: registered encoders load strictly), `.global_encoder`, `.decoder`."""
+    """`.encoder` (HibertEncoder: registered encoders load strictly), `.global_encoder`, `.decoder`. Teacher
+    forcing (`forward(MDSBatch)`), `start_decoding(PackedClusters, beams, max_len)`, `decode_step` and
+    `decode_prefix` are HibertAbstractive's: only `encode` differs."""
 
     def __init__(self, enc_cfg: ModelConfig, dec_cfg: DecoderConfig, mds_cfg: MDSConfig):
         torch.nn.Module.__init__(self)
@@ -57,23 +99,14 @@ class HibertMDS(HibertAbstractive):
 
     def memory(self, packed: PackedClusters) -> EncoderOutput:
         """Token states after the global layers, on the memory layout, with the unit vectors."""
-        units = packed.units
-        enc = self.encoder(units)
-        x = enc.token_flat
-        if self.dec_cfg.add_sentence_vectors:  # each token + its sentence's vector within the unit
-            rows = torch.repeat_interleave(torch.arange(units.tokens.shape[0], device=x.device), units.sent_lens,
-                                           output_size=units.num_real_tokens)
-            x = x + enc.sentence_states.index_select(0, rows)
-        layout = packed.layout
-        x = self.global_encoder(x, layout, packed.graph)
-        n_units = layout.num_units
-        count = torch.zeros(n_units, 1, dtype=x.dtype, device=x.device).index_add_(
-            0, layout.token_unit, torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device))
-        unit_vec = x.new_zeros(n_units, x.shape[1]).index_add(0, layout.token_unit, x) / count
-        return EncoderOutput(token_flat=x, sentence_states=unit_vec, docs=packed.memory_docs)
+        return cluster_states(self.encoder, self.global_encoder, packed, self.dec_cfg.add_sentence_vectors)
+
+    def cluster_memory(self, packed: PackedClusters) -> SourceMemory:
+        return cluster_memory(self.encoder, self.global_encoder, packed, self.dec_cfg.add_sentence_vectors)
 
     def encode(self, docs: PackedClusters) -> list[CrossCache]:  # type: ignore[override]
-        return self.decoder.prepare(source_memory(self.memory(docs), add_sentence_vectors=False))
+        """Local + global encoders, memory and every decoder layer's projected memory, once per batch."""
+        return self.decoder.prepare(self.cluster_memory(docs))
 
     def load_pretraining_decoder(self, state):  # the same decoder: same mapping
         return HibertAbstractive.load_pretraining_decoder(self, state)

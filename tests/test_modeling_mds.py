@@ -1,6 +1,7 @@
-"""Multi-document modeling on hand-checked cases: matrix-tree marginals against brute-force enumeration of
-spanning trees, the global layers (pooling, graph head, padding, batch independence), the cluster memory
-against the single-document model, the ranker's losses, and batched decoding of clusters."""
+"""Multi-document modeling on hand-checked cases: cluster packing and the unit graph, matrix-tree marginals
+against brute-force enumeration of spanning trees, the global layers (pooling, graph head, padding, batch
+independence), the cluster memory against the single-document model, training, incremental decoding against
+teacher forcing, and batched decoding of clusters. The ranker: tests/test_modeling_ranker.py."""
 import itertools
 import math
 
@@ -11,12 +12,13 @@ import torch
 from hibert.config.abstractive import DecoderConfig, GenerationConfig
 from hibert.config.mds import MDSConfig
 from hibert.config.model import ModelConfig
+from hibert.tokens import BOS_ID, EOS_ID, PAD_ID
 from modeling.abstractive import HibertAbstractive, make_abstractive_batch, source_memory
 from modeling.clusters import pack_clusters, unit_graph
 from modeling.generate import generate
 from modeling.hierarchical import GlobalEncoder, graph_weights, unit_softmax
-from modeling.mds import HibertMDS, make_mds_batch
-from modeling.ranker import HibertRanker, ranker_loss, select_units
+from modeling.mds import HibertMDS, MDSBatch, make_mds_batch
+from modeling.packing import pack_documents
 from modeling.structural import matrix_tree_marginals
 
 ENC = ModelConfig(name="t", hidden=32, layers=1, heads=2, vocab_size=64, dropout=0.0, max_positions=64)
@@ -84,6 +86,61 @@ def _clusters(seed: int, n: int = 3):
     return [[unit() for _ in range(rng.integers(1, 5))] for _ in range(n)]
 
 
+def _graphs(clusters) -> list[np.ndarray]:
+    return [unit_graph([np.concatenate(u) for u in c], 0.1) for c in clusters]
+
+
+# ---------------------------------------------------------------------------------------------- packing
+def test_pack_clusters_layout_on_a_hand_made_batch():
+    a, b, c = [[6, 7], [8]], [[9]], [[10, 11, 12]]   # units: a, b in cluster 0, c in cluster 1
+    g0 = np.array([[1.0, 0.5], [0.5, 1.0]], dtype=np.float32)
+    packed = pack_clusters([[a, b], [c]], [g0, np.ones((1, 1), np.float32)])
+    assert packed.num_docs == 2 and packed.tokens is packed.units.tokens
+    # the local encoder sees every unit as a document, cluster-major
+    u = packed.units
+    assert u.num_docs == 3 and u.doc_lens.tolist() == [2, 1, 1] and u.sent_lens.tolist() == [3, 2, 2, 4]
+    lay = packed.layout
+    assert (lay.num_clusters, lay.max_units, lay.num_units) == (2, 2, 3)
+    assert lay.unit_cluster.tolist() == [0, 0, 1] and lay.unit_slot.tolist() == [0, 1, 2]
+    assert lay.unit_rank.tolist() == [0, 1, 0] and lay.unit_mask.tolist() == [[True, True], [True, False]]
+    assert lay.token_unit.tolist() == [0] * 5 + [1] * 2 + [2] * 4
+    # the decoder memory: one document per cluster, one "sentence" per unit (its sentences with their EOS)
+    m = packed.memory_docs
+    assert m.doc_lens.tolist() == [2, 1] and m.sent_lens.tolist() == [5, 2, 4]
+    assert m.tokens[0, :6].tolist() == [6, 7, EOS_ID, 8, EOS_ID, PAD_ID]
+    assert m.tokens[1, :2].tolist() == [9, EOS_ID] and m.tokens[2, :4].tolist() == [10, 11, 12, EOS_ID]
+    flat = lambda p: p.tokens.reshape(-1)[p.token_index]  # noqa: E731
+    assert torch.equal(flat(m), flat(u)) and m.num_real_tokens == u.num_real_tokens == 11  # same stream
+    assert packed.graph.tolist() == [[[1.0, 0.5], [0.5, 1.0]], [[1.0, 0.0], [0.0, 0.0]]]
+    assert pack_clusters([[a, b], [c]]).graph is None
+    moved = packed.to("cpu")
+    assert moved.num_docs == 2 and moved.layout.token_unit.tolist() == lay.token_unit.tolist()
+    with pytest.raises(ValueError, match="no units"):
+        pack_clusters([[a], []])
+    with pytest.raises(ValueError, match="graphs for"):
+        pack_clusters([[a, b], [c]], [g0])
+    with pytest.raises(ValueError, match="for 2 units"):
+        pack_clusters([[a, b], [c]], [np.ones((1, 1)), np.ones((1, 1))])
+
+
+def test_unit_graph_by_hand():
+    # units {6, 6, 7}, {7, 8}, {9}, {} over U = 4: idf = log(5 / (1 + df)) + 1, tf weight 1 + log(count)
+    g = unit_graph([[6, 6, 7], [7, 8], [9], []], threshold=0.1)
+    idf1, idf2 = math.log(5 / 2) + 1, math.log(5 / 3) + 1
+    u0 = np.array([(1 + math.log(2)) * idf1, idf2, 0.0])   # over words 6, 7, 8
+    u1 = np.array([0.0, idf2, idf1])
+    cos = float(u0 @ u1 / np.linalg.norm(u0) / np.linalg.norm(u1))
+    want = np.eye(4, dtype=np.float32)
+    want[0, 1] = want[1, 0] = cos
+    assert g.dtype == np.float32 and 0.1 < cos < 0.5
+    np.testing.assert_allclose(g, want, rtol=1e-6)
+    # the edge goes below a higher threshold; self loops stay (the empty unit too); rows not normalised
+    np.testing.assert_array_equal(unit_graph([[6, 6, 7], [7, 8], [9], []], threshold=0.5), np.eye(4))
+    # texts: lower-cased whitespace words, the same bags
+    np.testing.assert_allclose(unit_graph(["x x Y", "y z", "w", ""], 0.1), want, rtol=1e-6)
+    assert unit_graph([], 0.1).shape == (0, 0)
+
+
 def test_pooling_weights_sum_to_one_within_each_unit_and_graph_rows_are_normalised():
     scores = torch.randn(9, 2)
     token_unit = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2])
@@ -120,63 +177,109 @@ def test_global_layers_cluster_is_independent_of_the_batch_and_ranks_matter():
     assert not torch.allclose(enc(y, layout, p1.graph), enc(y, swapped, p1.graph))
 
 
-def test_cluster_memory_equals_the_single_document_memory_without_global_layers():
-    torch.manual_seed(0)
-    dec = DecoderConfig(layers=1, dropout=0.0, max_positions=64)
-    mds = HibertMDS(ENC, dec, MDSConfig(global_layers=0)).eval()
-    single = HibertAbstractive(ENC, dec).eval()
-    single.load_state_dict(mds.state_dict())
-    doc = _clusters(2, 1)[0][0]
-    ours = source_memory(mds.memory(pack_clusters([[doc]])), add_sentence_vectors=False)
-    theirs = source_memory(single.encoder(make_abstractive_batch([doc], [[7]]).docs), add_sentence_vectors=True)
-    torch.testing.assert_close(ours.states, theirs.states)
-    assert torch.equal(ours.ids, theirs.ids) and torch.equal(ours.key_mask, theirs.key_mask)
+def _model(cross: str = "flat", copy: bool = False, structure: bool = False, layers: int = 1, seed: int = 0,
+           **mds) -> HibertMDS:
+    """Tiny summarizer; `structure` switches on both the graph head and structural attention."""
+    torch.manual_seed(seed)
+    dec = DecoderConfig(layers=1, cross_attention=cross, copy=copy, dropout=0.0, max_positions=64)
+    return HibertMDS(ENC, dec, MDSConfig(global_layers=layers, graph_attention=structure,
+                                         structural_attention=structure, **mds))
 
 
-@pytest.mark.parametrize("cross", ["flat", "pht", "vht"])
-def test_mds_trains_everything_and_decodes_each_cluster_as_alone(cross):
-    torch.manual_seed(0)
-    clusters = _clusters(3)
-    targets = [np.random.default_rng(i).integers(6, 64, 5) for i in range(3)]
-    graphs = [unit_graph([np.concatenate(u) for u in c], 0.1) for c in clusters]
-    model = HibertMDS(ENC, DecoderConfig(layers=1, cross_attention=cross, copy=True, dropout=0.0, max_positions=64),
-                      MDSConfig(global_layers=1, graph_attention=True, structural_attention=True))
-    out = model(make_mds_batch(clusters, targets, graphs), return_log_probs=True)
-    torch.testing.assert_close(out.log_probs.exp().sum(-1), torch.ones(out.log_probs.shape[0]))  # copy mixture
-    out.loss.backward()
-    assert all(p.grad is not None for p in model.parameters())
-    model.eval()
-    gen = GenerationConfig(beam_size=3, max_length=6, no_repeat_ngram=0)
+def _targets(seed: int, n: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(6, 64, rng.integers(0, 7)) for _ in range(n)]
+
+
+# ---------------------------------------------------------------------------------------------- memory
+def test_without_global_layers_one_unit_clusters_are_the_single_document_model():
+    """global_layers=0 and one unit per cluster: the memory (and so a flat copy decoder's every log-prob) is
+    HibertAbstractive's on the same documents with the same weights."""
+    mds = _model("flat", copy=True, layers=0).eval()
+    single = HibertAbstractive(ENC, mds.dec_cfg).eval()
+    single.load_state_dict(mds.state_dict(), strict=True)
+    docs = [u for c in _clusters(2, 2) for u in c[:1]]
+    targets = _targets(3, len(docs))
     with torch.no_grad():
-        together = generate(model, pack_clusters(clusters, graphs), gen)
-        for c, g, h in zip(clusters, graphs, together):
-            alone = generate(model, pack_clusters([c], [g]), gen)[0]
-            assert list(alone.tokens) == list(h.tokens) and abs(alone.score - h.score) < 1e-4
+        ours = mds.cluster_memory(pack_clusters([[d] for d in docs]))
+        theirs = source_memory(single.encoder(pack_documents(docs)), add_sentence_vectors=True)
+        torch.testing.assert_close(ours.states, theirs.states)
+        for field in ("slot", "key_mask", "ids"):
+            assert torch.equal(getattr(ours, field), getattr(theirs, field)), field
+        got = mds(make_mds_batch([[d] for d in docs], targets), return_log_probs=True)
+        want = single(make_abstractive_batch(docs, targets), return_log_probs=True)
+    torch.testing.assert_close(got.log_probs, want.log_probs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got.loss, want.loss)
 
 
-def test_ranker_losses_by_hand_and_unit_selection():
-    layout = pack_clusters([[[[6]], [[7]]], [[[8]], [[9]], [[10]]]]).layout
-    scores = torch.tensor([1.0, 0.0, 0.5, -0.5, 0.0])
-    labels = torch.tensor([0.3, 0.1, 0.0, 0.0, 0.0])   # the second cluster has no ranking signal: left out
-    loss, n = ranker_loss(scores, labels, layout, "listwise")
-    want = -(0.75 * math.log(math.e / (math.e + 1)) + 0.25 * math.log(1 / (math.e + 1)))
-    assert n == 1 and loss.item() == pytest.approx(want, rel=1e-6)
-    loss, n = ranker_loss(scores, labels, layout, "regression")
-    bce = lambda s, y: -(y * math.log(1 / (1 + math.exp(-s))) + (1 - y) * math.log(1 - 1 / (1 + math.exp(-s))))  # noqa
-    want = (bce(1.0, 0.3) + bce(0.0, 0.1)) / 2 / 2 + (bce(0.5, 0) + bce(-0.5, 0) + bce(0.0, 0)) / 3 / 2
-    assert n == 2 and loss.item() == pytest.approx(want, rel=1e-6)
-    assert select_units(np.array([0.1, 0.9, 0.5]), np.array([10, 30, 20]), 50).tolist() == [1, 2]
-    assert select_units(np.array([0.1, 0.9, 0.5]), np.array([10, 30, 20]), 5).tolist() == [1]
+# ---------------------------------------------------------------------------------------------- training / decoding
+VARIANTS = [(cross, copy) for cross in ("flat", "pht", "vht") for copy in (False, True)]
 
 
-def test_ranker_loads_registered_encoders_strictly_and_scores_clusters_independently():
-    from modeling.extractive import HibertExtractive
-    from pretrain.export import load_encoder
+@pytest.mark.parametrize("cross,copy", VARIANTS)
+def test_mds_trains_every_part_and_cached_decoding_equals_teacher_forcing(cross, copy):
+    """Copy variants also run the graph head and structural attention. Training: finite loss, the copy
+    mixture sums to 1, gradients reach the local encoder, the global layers and the decoder. Decoding (eval,
+    fp32): K=2 hypotheses per cluster through the KV cache, and the no-cache prefix recomputation, give the
+    teacher-forced log-probs of the same prefixes within 1e-5."""
+    clusters = _clusters(3)
+    graphs = _graphs(clusters) if copy else None
+    model = _model(cross, copy, structure=copy)
+    targets = _targets(4, 6)                         # two per cluster: row b * 2 + j
+    batch = make_mds_batch(clusters, targets[::2], graphs)
+    assert isinstance(batch, MDSBatch) and batch.num_docs == 3
+    out = model(batch, return_log_probs=True)
+    assert torch.isfinite(out.loss)
+    torch.testing.assert_close(out.log_probs.exp().sum(-1), torch.ones(out.log_probs.shape[0]))
+    out.loss.backward()
+    for part in (model.encoder, model.global_encoder, model.decoder):
+        grads = [p.grad for p in part.parameters()]
+        assert all(g is not None and torch.isfinite(g).all() for g in grads)
+        assert sum(float(g.abs().sum()) for g in grads) > 0
 
-    torch.manual_seed(0)
-    ranker = HibertRanker(ENC).eval()
-    load_encoder(ranker.encoder, HibertExtractive(ENC).encoder.state_dict())
-    clusters = _clusters(4)
-    together = ranker(pack_clusters(clusters).units)
-    alone = torch.cat([ranker(pack_clusters([c]).units) for c in clusters])
-    torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-5)
+    model.eval()
+    twice = [c for c in clusters for _ in range(2)]
+    tf_batch = make_mds_batch(twice, targets, None if graphs is None else [g for g in graphs for _ in range(2)])
+    with torch.no_grad():
+        ref = model(tf_batch, return_log_probs=True).log_probs
+    steps = int(tf_batch.target_lens.max())
+    inputs = torch.full((6, steps), BOS_ID)
+    for r, t in enumerate(targets):
+        inputs[r, 1:len(t) + 1] = torch.as_tensor(t)
+    start = tf_batch.dec_cu.long()
+    worst = worst_prefix = 0.0
+    with torch.no_grad():
+        state = model.start_decoding(pack_clusters(clusters, graphs), beams=2, max_len=steps)
+        assert state.num_docs == 3 and state.cache.rows == 6  # memory per cluster, never tiled over beams
+        for t in range(steps):
+            step = model.decode_step(inputs[:, t], state)
+            prefix = model.decode_prefix(inputs[:, : t + 1], state.memory)
+            for r in range(6):
+                if t < tf_batch.target_lens[r]:
+                    worst = max(worst, (step[r] - ref[start[r] + t]).abs().max().item())
+                    worst_prefix = max(worst_prefix, (prefix[r] - ref[start[r] + t]).abs().max().item())
+    assert worst < 1e-5 and worst_prefix < 1e-5
+
+
+@pytest.mark.parametrize("cross,copy", [("flat", False), ("flat", True), ("pht", True), ("vht", True)])
+def test_each_cluster_of_a_batch_decodes_as_alone(cross, copy):
+    clusters = _clusters(5)
+    graphs = _graphs(clusters)
+    model = _model(cross, copy, structure=True).eval()
+    with torch.no_grad():  # random weights: EOS more likely, copying (of the memory's many EOS) less
+        eos = model.output_weight()[EOS_ID]
+        model.decoder.layers[-1].ffn_norm.bias += 1.5 * eos / eos.norm()
+        if copy:
+            model.decoder.copy_gate.bias += 6.0
+    gen = GenerationConfig(beam_size=3, min_length=1, max_length=8, no_repeat_ngram=0)
+    together = generate(model, pack_clusters(clusters, graphs), gen)
+    assert len({len(h.tokens) for h in together}) > 1  # clusters finish at different steps and leave the batch
+    for c, g, h in zip(clusters, graphs, together):
+        alone = generate(model, pack_clusters([c], [g]), gen)[0]
+        assert list(alone.tokens) == list(h.tokens) and abs(alone.score - h.score) < 1e-4
+
+
+def test_more_units_than_rank_positions_is_an_error():
+    model = _model(layers=1, max_units=2).eval()
+    with pytest.raises(ValueError, match="max_units"):
+        model.encode(pack_clusters([[[[6]], [[7]], [[8]]]]))
