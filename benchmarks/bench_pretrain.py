@@ -1,10 +1,13 @@
 """Pretraining throughput through the real runtime (DeepSpeed engine, loader, trainer).
 
 CPU: HIBERT_S, 1 vs 2 ranks, ZeRO 0/1/2/3: steps/s, real tokens/s, per-rank bytes of parameters +
-optimizer state. GPU: HIBERT_M bf16 ZeRO-1/2: tokens/s, MFU, data-wait fraction.
+optimizer state. GPU: HIBERT_M bf16 ZeRO-1/2: tokens/s, MFU, data-wait fraction. Every run logs the step
+breakdown (tracking.step_breakdown: data wait / forward / backward / optimizer ms per step, device synchronized
+at each phase) and the workers' collate ms per micro-batch.
 
     python benchmarks/bench_pretrain.py                     # CPU matrix (spawns the ranks itself)
-    python benchmarks/bench_pretrain.py --device cuda --size hibert_m --stages 1 2 --ranks 1
+    python benchmarks/bench_pretrain.py --device cuda --size hibert_m --stages 1 2 --ranks 1 \
+        --batch-tokens 65536 --loader-workers 4 --steps 30 --warmup 10
 Each configuration runs in fresh processes; results -> benchmarks/results/bench_pretrain_<device>.json
 
 Reading the memory column (bytes per storage, P parameters, fp32): ZeRO-0 is plain torch AdamW, 3P·4 bytes
@@ -48,11 +51,17 @@ def worker(args: argparse.Namespace) -> None:
                              f"schedule.batch_tokens={args.batch_tokens}", f"schedule.log_every={args.warmup}",
                              "schedule.eval_every=0", "schedule.warmup_steps=100", "checkpoint.every_steps=0",
                              "checkpoint.keep_best=0", "checkpoint.resume=never", "tracking.register_model=false",
-                             f"data.num_workers_loader={args.loader_workers}", "schedule.epochs=100"]
+                             f"data.num_workers_loader={args.loader_workers}", "schedule.epochs=100",
+                             "tracking.step_breakdown=true"]
                       + ([f"tracking.peak_tflops={args.peak_tflops}"] if args.peak_tflops else []))
     rt = init_distributed(cfg)
     logging.basicConfig(level=logging.WARNING)
-    data = LengthsDataset(cnndm_lengths(limit=args.docs), vocab=32000)
+    if args.dataset:  # a prepared dataset through the real shards
+        from data_prep.dataset import DocumentDataset
+
+        data = DocumentDataset(args.dataset, "train")
+    else:
+        data = LengthsDataset(cnndm_lengths(limit=args.docs), vocab=32000)
     task = MaskedSentenceTask(cfg, 32000)
     trainer = Trainer(cfg, task, rt, data, None)
 
@@ -81,6 +90,7 @@ def main() -> None:
     p.add_argument("--batch-tokens", type=int, default=4096)
     p.add_argument("--docs", type=int, default=600)
     p.add_argument("--loader-workers", type=int, default=1)
+    p.add_argument("--dataset", default=None, help="a prepared dataset dir (default: CNN/DM lengths in memory)")
     p.add_argument("--peak-tflops", type=float, default=None)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--zero", type=int, default=None, help=argparse.SUPPRESS)
@@ -100,6 +110,7 @@ def main() -> None:
                     "--precision", args.precision, "--steps", str(args.steps), "--warmup", str(args.warmup),
                     "--batch-tokens", str(args.batch_tokens), "--docs", str(args.docs),
                     "--loader-workers", str(args.loader_workers)] + (
+                    ["--dataset", args.dataset] if args.dataset else []) + (
                     ["--peak-tflops", str(args.peak_tflops)] if args.peak_tflops else [])
             t = time.time()
             code = launch_local(ranks, argv)
@@ -115,13 +126,17 @@ def main() -> None:
         sys.exit(1)
     base = {r["ranks"]: r for r in rows if r["zero"] == 0} or {}
     print(f"\n{'ranks':>5} {'zero':>4} {'prec':>5} {'tokens/s':>10} {'steps/s':>8} {'state MiB':>10} "
-          f"{'vs ZeRO-0':>9} {'MFU':>6} {'wait':>6}")
+          f"{'vs ZeRO-0':>9} {'MFU':>6} {'wait':>6} | ms/step: {'data':>6} {'fwd':>7} {'bwd':>7} {'opt':>7} "
+          f"{'collate':>7}")
     for r in rows:
         ref = base.get(r["ranks"])
         ratio = r["total_bytes"] / ref["total_bytes"] if ref else float("nan")
         print(f"{r['ranks']:>5} {r['zero']:>4} {r['precision']:>5} {r.get('tokens_per_s', 0):>10.0f} "
               f"{r.get('steps_per_s', float('nan')):>8.2f} {r['total_bytes'] / 2**20:>10.1f} {ratio:>9.2f} "
-              f"{r.get('mfu', float('nan')):>6.3f} {r.get('data_wait_fraction', float('nan')):>6.3f}")
+              f"{r.get('mfu', float('nan')):>6.3f} {r.get('data_wait_fraction', float('nan')):>6.3f} | ms/step: "
+              + " ".join(f"{r.get(k, float('nan')):>{w}.1f}" for k, w in
+                         (("data_ms", 6), ("forward_ms", 7), ("backward_ms", 7), ("optimizer_ms", 7),
+                          ("collate_ms", 7))))
     out = HERE / "results" / f"bench_pretrain_{args.device}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"machine": machine(), "args": vars(args), "rows": rows}, indent=1))

@@ -42,8 +42,9 @@ def shard_name(i: int) -> str:
 
 
 def load_array(path: Path) -> np.ndarray:
-    """Memory-mapped, never unpickled."""
-    return np.load(path, mmap_mode="r", allow_pickle=False)
+    """Memory-mapped, never unpickled. Returned as a plain ndarray view of the mapping: indexing an
+    np.memmap builds a memmap object per access, 3x the cost of a view (the loader indexes per sentence)."""
+    return np.asarray(np.load(path, mmap_mode="r", allow_pickle=False))
 
 
 class _Strings:
@@ -223,7 +224,8 @@ class ShardPart:
     def token_arrays(self, a: int, b: int, tokens: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
         o = np.asarray(offsets[a:b + 1])
         flat = np.array(tokens[o[0]:o[-1]], dtype=np.int32)   # one copy out of the memmap
-        return np.split(flat, (o[1:-1] - o[0]).tolist()) if b > a else []
+        cuts = (o - o[0]).tolist()
+        return [flat[x:y] for x, y in zip(cuts[:-1], cuts[1:])]  # views; np.split is 5x slower here
 
     def src_id(self, src: int) -> str:
         return self._strings(self.src_ids, self.src_id_offsets, src, src + 1)[0]

@@ -15,16 +15,14 @@ import torch.distributed as dist
 
 from hibert.config import Config
 from hibert.config.model import ModelConfig
+from modeling.packing import PackedDocuments, TensorBundle
 from pretrain.task import LoaderItem, Task
 
 
 @dataclass
-class ExtractiveBatch:
-    docs: object                       # modeling.PackedDocuments
+class ExtractiveBatch(TensorBundle):
+    docs: PackedDocuments
     labels: torch.Tensor               # [S] 0/1 per packed sentence
-
-    def to(self, device: torch.device) -> "ExtractiveBatch":
-        return ExtractiveBatch(self.docs.to(device), self.labels.to(device, non_blocking=True))
 
 
 def sentence_scores(model_out: torch.Tensor) -> torch.Tensor:

@@ -54,7 +54,7 @@ def _decoder_fields(target_sentences: Sequence[Sequence[Sentence]], row_of: np.n
                     width: int | None, pad_to_multiple: int) -> dict:
     """Flat decoder stream. `row_of[m]` is the docs row of target m; `width` None = packed
     (Td rounded up from the longest target), else the padded reference with every slot computed."""
-    words = [np.asarray(s, dtype=np.int64) for sents in target_sentences for s in sents]
+    words = [s for sents in target_sentences for s in sents]
     word_lens = np.fromiter((len(w) for w in words), dtype=np.int64, count=len(words))
     lens = word_lens + 1
     m = len(words)
@@ -64,7 +64,7 @@ def _decoder_fields(target_sentences: Sequence[Sequence[Sentence]], row_of: np.n
     elif word_lens.max(initial=0) >= width:
         raise ValueError(f"target sentences must be cut to {width - 1} tokens first")
     slot, pos = ragged_slots(lens, width)
-    flat_words = np.concatenate(words) if words else np.empty(0, np.int64)
+    flat_words = np.concatenate(words).astype(np.int64, copy=False) if word_lens.sum() else np.empty(0, np.int64)
     inputs = np.full(len(slot), BOS_ID, dtype=np.int64)
     inputs[pos > 0] = flat_words
     labels = np.full(len(slot), EOS_ID, dtype=np.int64)

@@ -59,11 +59,9 @@ class MaskedSentenceTask(TokenNLLTask):
             positions.append(doc.positions)
             targets.append(doc.targets)
         batch = make_pretrain_batch(masked, positions, targets)
-        sent_lens = [len(s) + 1 for d in masked for s in d]            # + EOS
-        doc_lens = [len(d) for d in masked]
-        target_lens = [len(t) + 1 for d in targets for t in d]         # BOS.. / ..EOS
-        flops = flops_per_batch(self.model_cfg, sent_lens, doc_lens, target_lens, backward=True)
-        return LoaderItem(batch, real_tokens=sum(sent_lens) + sum(target_lens), flops=flops,
+        d = batch.docs  # lengths incl. EOS per sentence, BOS.. / ..EOS per target
+        flops = flops_per_batch(self.model_cfg, d.sent_lens, d.doc_lens, batch.target_lens, backward=True)
+        return LoaderItem(batch, real_tokens=d.num_real_tokens + batch.num_target_tokens, flops=flops,
                           num_docs=len(doc_indices))
 
     def write_export_extras(self, out_dir, full_state: dict[str, torch.Tensor]) -> None:

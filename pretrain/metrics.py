@@ -38,18 +38,54 @@ class Window:
         self.tokens = 0
         self.flops = 0.0
         self.steps = 0
+        self.micro = 0
+        self.collate = 0.0
+        self.phases: dict[str, float] = {}
 
-    def add(self, tokens: int, flops: float, wait_s: float) -> None:
+    def add(self, tokens: int, flops: float, wait_s: float, collate_s: float = 0.0) -> None:
         self.tokens += tokens
         self.flops += flops
         self.wait += wait_s
+        self.collate += collate_s
+        self.micro += 1
+
+    def add_phase(self, name: str, seconds: float) -> None:
+        self.phases[name] = self.phases.get(name, 0.0) + seconds
 
     def flush(self) -> dict[str, float]:
         elapsed = max(time.perf_counter() - self.start, 1e-9)
         # tokens/s counts all ranks (this rank's count x world: ranks see similar loads); MFU is per device
         out = {"tokens_per_s": self.tokens * self.world / elapsed, "steps_per_s": self.steps / elapsed,
                "data_wait_fraction": self.wait / elapsed}
+        if self.micro:  # worker time per micro-batch: with N workers the loader keeps up while N x step > this
+            out["collate_ms"] = self.collate / self.micro * 1e3
         if self.peak:
             out["mfu"] = self.flops / elapsed / (self.peak * 1e12)
+        for name, seconds in self.phases.items():
+            out[f"{name}_ms"] = seconds / max(self.steps, 1) * 1e3   # per optimizer step
         self.reset()
         return out
+
+
+class PhaseClock:
+    """Times the phases of a step into a Window when `on` (tracking.step_breakdown). On CUDA it synchronizes
+    at each lap so the kernels are counted in the phase that launched them; off, it costs nothing."""
+
+    def __init__(self, window: Window, device: torch.device, on: bool):
+        self.window, self.on = window, on
+        self.sync = on and device.type == "cuda"
+        self.t = 0.0
+
+    def start(self) -> None:
+        if self.on:
+            if self.sync:
+                torch.cuda.synchronize()
+            self.t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        if self.on:
+            if self.sync:
+                torch.cuda.synchronize()
+            now = time.perf_counter()
+            self.window.add_phase(name, now - self.t)
+            self.t = now

@@ -10,7 +10,8 @@ log = logging.getLogger("hibert.train")
 
 # Shown first, in this order, when present; then throughput; then the rest alphabetically.
 _FIRST = ("train_loss", "train_ppl", "train_accuracy")
-_SPEED = ("tokens_per_s", "mfu", "data_wait_fraction", "steps_per_s")
+_SPEED = ("tokens_per_s", "mfu", "data_wait_fraction", "steps_per_s", "collate_ms",
+          "data_ms", "forward_ms", "backward_ms", "optimizer_ms")   # the last four: tracking.step_breakdown
 
 
 def format_duration(seconds: float) -> str:

@@ -48,9 +48,15 @@ class LoaderItem:
     flops: float                       # model FLOPs fwd+bwd on real tokens (for MFU)
     num_docs: int
     extra: dict[str, Any] = field(default_factory=dict)
+    collate_s: float = 0.0             # worker time spent in make_item (set by the loader)
 
     def to(self, device: torch.device) -> "LoaderItem":
         self.batch = self.batch.to(device)
+        return self
+
+    def pin_memory(self) -> "LoaderItem":
+        """Called by the DataLoader's pinning thread (pin_memory=True)."""
+        self.batch = self.batch.pin_memory()
         return self
 
 

@@ -22,7 +22,7 @@ from pretrain.batching import BatchPlan, doc_costs, plan_epoch
 from pretrain.checkpoint import CheckpointManager
 from pretrain.engine import Runtime, build_engine
 from pretrain.loader import make_loader
-from pretrain.metrics import Window, default_peak_tflops, peak_memory_gb
+from pretrain.metrics import PhaseClock, Window, default_peak_tflops, peak_memory_gb
 from pretrain.preemption import PreemptionFlag
 from pretrain.publish import publish
 from pretrain.step_log import StepLog, banner
@@ -192,14 +192,21 @@ class Trainer:
         """One optimizer step: `grad_accum` micro-batches forward + backward, DeepSpeed steps (it applies
         the update on the last one). Returns the task's statistics, still on the device."""
         stats: dict[str, torch.Tensor] = {}
+        clock = PhaseClock(window, self.rt.device, self.cfg.tracking.step_breakdown)
         for _ in range(self.cfg.schedule.grad_accum):
             t0 = time.perf_counter()
             item = next(batches).to(self.rt.device)
             wait = time.perf_counter() - t0
+            clock.start()
             loss, item_stats = self.task.loss(self.engine, item)
+            clock.lap("forward")
             self.engine.backward(loss)
+            clock.lap("backward")
             self.engine.step()
-            window.add(item.real_tokens, item.flops, wait)
+            clock.lap("optimizer")
+            window.add(item.real_tokens, item.flops, wait, item.collate_s)
+            if clock.on:
+                window.add_phase("data", wait)
             for k, v in item_stats.items():
                 stats[k] = stats.get(k, 0.0) + v.detach()
         self.state["global_step"] += 1
@@ -256,7 +263,8 @@ class Trainer:
                 start = self.state["step_in_epoch"]
                 self._close(it)
                 it = iter(make_loader(self.task, self.train_data, plan.rank_batches(rt.rank, rt.world_size,
-                          s.grad_accum, start), epoch, cfg.data.num_workers_loader))
+                          s.grad_accum, start), epoch, cfg.data.num_workers_loader,
+                          pin_memory=rt.device.type == "cuda"))
                 for _ in range(start, plan.steps):
                     for k, v in self.train_step(it, window).items():
                         train_stats[k] = train_stats.get(k, 0.0) + v

@@ -113,3 +113,33 @@ def test_to_moves_every_tensor_and_keeps_ints():
     assert moved.docs.token_cu.device.type == "meta"
     assert moved.num_target_tokens == b.num_target_tokens and moved.docs.num_real_tokens == b.docs.num_real_tokens
     assert b.docs.tokens.device.type == "cpu"  # the original is untouched
+
+
+def _assert_same_bundle(a, b) -> None:
+    import dataclasses
+
+    from modeling.packing import TensorBundle
+
+    assert type(a) is type(b)
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, torch.Tensor):
+            assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), f.name
+        elif isinstance(x, TensorBundle):
+            _assert_same_bundle(x, y)
+        else:
+            assert x == y, f.name
+
+
+def test_bundles_pickle_as_one_buffer_and_come_back_equal():
+    # DataLoader workers hand batches over by pickling: one shared buffer per bundle, every field restored
+    import pickle
+
+    batch = make_pretrain_batch(DOCS, [[0, 2], [0], [1, 3]], [[[10, 11, 12], []], [[20, 21]], [[32, 33, 34], [36]]])
+    back = pickle.loads(pickle.dumps(batch))
+    _assert_same_bundle(batch, back)
+    assert back.docs.tokens.untyped_storage().data_ptr() == back.docs.token_mask.untyped_storage().data_ptr()
+    assert all(t.data_ptr() % 8 == 0 for t in (back.docs.token_mask, back.docs.token_cu, back.docs.doc_mask,
+                                               back.docs.sent_lens))
+    padded = make_padded_pretrain_batch(DOCS, [[0], [0], [1]], [[[10, 11, 12]], [[20]], [[32, 33, 34]]])
+    _assert_same_bundle(padded, pickle.loads(pickle.dumps(padded)))  # None fields (token_index) survive too

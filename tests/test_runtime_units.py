@@ -26,6 +26,28 @@ def test_metric_line_and_banner_are_plain_text():
     assert "world size  8" in text and "ZeRO stage  2" in text
 
 
+def test_window_reports_collate_time_and_the_step_breakdown_per_step():
+    import torch
+
+    from pretrain.metrics import PhaseClock, Window
+
+    w = Window(peak_tflops=None, world_size=2)
+    for collate in (0.004, 0.006):
+        w.add(tokens=100, flops=0.0, wait_s=0.0, collate_s=collate)
+    w.add_phase("forward", 0.3)
+    w.add_phase("forward", 0.1)
+    w.steps = 2
+    m = w.flush()
+    assert m["collate_ms"] == pytest.approx(5.0) and m["forward_ms"] == pytest.approx(200.0)
+    assert "mfu" not in m and w.phases == {} and w.micro == 0  # flushed
+    off = PhaseClock(w, torch.device("cpu"), on=False)
+    off.start()
+    off.lap("forward")
+    assert w.phases == {}  # off by default: nothing timed, nothing logged
+    line = metric_line({"tokens_per_s": 10.0, "forward_ms": 12.5, "grad_norm": 1.0})
+    assert line == "tokens/s=10 forward_ms=12.5 | grad_norm=1"
+
+
 def test_a_run_without_optimizer_steps_is_never_published():
     trainer = SimpleNamespace(train_data=[], cfg=SimpleNamespace(schedule=SimpleNamespace(epochs=3)))
     with pytest.raises(NothingTrained, match="no optimizer step was taken"):

@@ -22,6 +22,9 @@ class TrackingConfig(Section):
     register_model: bool = True
     alias: str | None = Field(None, pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")  # None: the stage (pretrain), "finetuned"
     peak_tflops: float | None = Field(None, gt=0)  # per device; None -> guessed from the device name (MFU)
+    # forward / backward / optimizer / data-wait ms per step in the step log; synchronizes the device around
+    # each phase (CUDA), which costs some overlap: for profiling runs and benchmarks, off in production
+    step_breakdown: bool = False
 
     # more aliases moved to the same version, for people (`hibert submit` sets the plain stage alias here;
     # a chain itself only ever reads its own `alias`)
