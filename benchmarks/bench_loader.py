@@ -69,7 +69,7 @@ def time_make_item(task, data, batches: list[np.ndarray]) -> dict:
 def time_loader(task, data, batches: list[np.ndarray], workers: int, pin: bool, device: torch.device) -> dict:
     from pretrain.loader import make_loader
 
-    loader = make_loader(task, data, batches, 0, workers, pin_memory=pin)
+    loader = make_loader(task, data, batches, 0, workers, **({"pin_memory": True} if pin else {}))
     it = iter(loader)
     first = next(it)            # worker start-up is paid once per epoch; time the steady state
     tokens, n = 0, 0
@@ -94,6 +94,7 @@ def main() -> None:
     p.add_argument("--max-docs", type=int, default=128)
     p.add_argument("--batches", type=int, default=60, help="batches timed per stage")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--repeats", type=int, default=3, help="runs per stage; the best is reported")
     p.add_argument("--pin", action="store_true", help="also time pin_memory (needs a CUDA build)")
     p.add_argument("--out", default=str(HERE / "results" / "bench_loader_cpu.json"))
     args = p.parse_args()
@@ -114,14 +115,23 @@ def main() -> None:
           f"timing {len(batches)}; device for the copy: {device}")
 
     time_make_item(task, data, batches[:3])  # warm the shard pages and numpy
-    rows = [time_make_item(task, data, batches)]
+
+    def best(fn, *a) -> dict:  # best of --repeats: these machines are shared and noisy
+        runs = [fn(*a) for _ in range(args.repeats)]
+        r = max(runs, key=lambda r: r["tokens_per_s"])
+        r["repeats_tokens_per_s"] = [x["tokens_per_s"] for x in runs]
+        return r
+
+    rows = [best(time_make_item, task, data, batches)]
     for w in args.workers:
-        rows.append(time_loader(task, data, batches, w, False, device))
+        rows.append(best(time_loader, task, data, batches, w, False, device))
         if args.pin and torch.cuda.is_available():
-            rows.append(time_loader(task, data, batches, w, True, device))
+            rows.append(best(time_loader, task, data, batches, w, True, device))
 
     gpu = gpu_rate()
     per_core = rows[0]["tokens_per_s"]
+    # one worker process: make_item plus the hand-over (pickling, shared memory), the rate workers add up to
+    per_worker = next((r["tokens_per_s"] for r in rows if r.get("workers") == 1), per_core)
     print(f"\n{'stage':<16} {'ms/batch':>9} {'M tokens/s':>11} {'x GPU now':>10} {'x GPU@45%':>10}")
     for r in rows:
         if gpu:
@@ -132,13 +142,13 @@ def main() -> None:
     summary = {}
     if gpu:
         need = 10 * gpu["tokens_per_s_at_target"]
-        summary = {"gpu": gpu, "per_core_tokens_per_s": per_core,
-                   "cores_for_10x_at_target": need / per_core,
-                   "cores_for_10x_measured": 10 * gpu["tokens_per_s"] / per_core}
+        summary = {"gpu": gpu, "per_core_tokens_per_s": per_core, "per_worker_tokens_per_s": per_worker,
+                   "workers_for_10x_at_target": need / per_worker,
+                   "workers_for_10x_measured": 10 * gpu["tokens_per_s"] / per_worker}
         print(f"\nGPU consumption ({gpu['device']}, HIBERT_M bf16): {gpu['tokens_per_s'] / 1e6:.2f} M tokens/s measured "
               f"({gpu['measured_mfu']:.1%} MFU), {gpu['tokens_per_s_at_target'] / 1e6:.2f} M at {TARGET_MFU:.0%} MFU")
-        print(f"10x that at 45% MFU needs {summary['cores_for_10x_at_target']:.1f} loader cores per GPU at "
-              f"{per_core / 1e6:.2f} M tokens/s per core (make_item)")
+        print(f"10x that at 45% MFU needs {summary['workers_for_10x_at_target']:.1f} loader workers (cores) per "
+              f"GPU at {per_worker / 1e6:.2f} M tokens/s per worker ({per_core / 1e6:.2f} M for make_item alone)")
     out = Path(args.out)
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"machine": machine(), "args": vars(args), "data": what, "rows": rows, **summary},
