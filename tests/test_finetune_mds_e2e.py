@@ -104,3 +104,33 @@ def test_summarize_a_cluster_and_refusals(trained, tmp_path):
     flat_two = subprocess.run(HIBERT + ["summarize", *mds, "--model", str(root / "flat" / "export"), "--input",
                                         str(a), "--input", str(b)], capture_output=True, text=True, timeout=200)
     assert flat_two.returncode == 2 and "multi-document (mds) model" in flat_two.stderr
+
+
+def test_mds_kill9_then_resume_is_bit_identical(trained):
+    # the cluster task on the shared runtime: killed after its step-2 checkpoint, restarted, the same weights as
+    # the uninterrupted run (ranker scores are read back from <run>/rankings/, the loader restarts mid-epoch)
+    import os
+    import signal
+
+    from safetensors.torch import load_file
+
+    from test_pretrain_deepspeed import _start, _wait_for, assert_same
+
+    root, _, mds, _ = trained
+    args = ["finetune", *mds, "run.name=mds-resume", "checkpoint.every_steps=2", "tracking.register_model=false",
+            "--init", "random", "--nproc", "2"]
+    proc = _start(args, root / "mds-resume.log")
+    try:
+        _wait_for(root / "mds-resume" / "checkpoints" / "step_000000002" / "COMPLETE.json", proc)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert not (root / "mds-resume" / "export").exists()
+    out = run_hibert(args, timeout=300)
+    assert "resumed from" in out.stderr
+
+    def weights(run: str) -> dict:
+        return {f"{f.name}:{k}": v for f in sorted((root / run / "export").glob("*.safetensors"))
+                for k, v in load_file(str(f)).items()}
+
+    assert_same(weights("mds"), weights("mds-resume"))
