@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from finetune.dataset_view import RowView
 from hibert.tokens import SEP_ID  # noqa: F401  (re-exported for the tasks' targets)
 
 RANKINGS = ("tfidf", "oracle", "lead")
@@ -70,7 +70,7 @@ def budget_cut(order: np.ndarray, unit_tokens: np.ndarray, budget: int, top: int
     return order[:keep]
 
 
-class RankedClusters:
+class RankedClusters(RowView):
     """A view of a cluster `DocumentDataset` split: item i = the selected units of cluster i in rank order
     (a list of unit Documents, `units(i)`), `__getitem__` = their sentences back to back (what a flat
     single-document model reads). Only clusters with a summary are kept (`rows`)."""
@@ -141,44 +141,8 @@ class RankedClusters:
     def sentences_text(self, k: int) -> list[str]:
         return [s for u in self.units_text(k) for s in u]
 
-    # ------------------------------------------------------------------ dataset interface
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items()}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
     def __repr__(self) -> str:
         return f"RankedClusters({self.base!r}, ranking={self.ranking}, budget={self.budget}, clusters={len(self)})"
 
-    @property
-    def split(self) -> str:
-        return self.base.split
-
-    @property
-    def tokenizer_path(self) -> Path:
-        return self.base.tokenizer_path
-
-    @property
-    def manifest(self) -> dict[str, Any]:
-        return self.base.manifest
-
-    @property
-    def dir(self) -> Path:
-        return self.base.dir
-
     def chunk_index(self, k: int) -> int:
         return 0
-
-    def __getattr__(self, name: str):
-        # per-cluster accessors of the dataset (summary, summary_text, doc_id, source_doc, title, unit_scores,
-        # unit_docs) take the view's index
-        if name.startswith("_") or name in ("base", "rows"):
-            raise AttributeError(name)
-        attr = getattr(self.base, name)
-        if callable(attr):
-            return lambda k, *a, **kw: attr(int(self.rows[k]), *a, **kw)
-        return attr
