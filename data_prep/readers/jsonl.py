@@ -20,15 +20,15 @@ def checksum(source: SourceConfig, unit: str) -> str:
     return sha256_file(Path(unit))
 
 
-def read(source: SourceConfig, name: str, unit: str, max_chars: int,
-         part: int, parts: int) -> Iterator[R.RawDoc | R.Skip]:
-    stem = Path(unit).name.split(".")[0]
+def json_objects(unit: str, part: int, parts: int,
+                 max_bytes: int | None = None) -> Iterator[tuple[int, dict] | R.Skip]:
+    """(line number, object) for every line of this part of a JSON Lines file; a bad line is a counted skip."""
     with open_binary(Path(unit)) as f:
         for i, raw in enumerate(f):
             if i % parts != part:
                 continue
             line = i + 1
-            if len(raw) > 4 * max_chars:  # UTF-8 is at most 4 bytes a character: too long for sure
+            if max_bytes is not None and len(raw) > max_bytes:
                 yield R.Skip(R.TOO_LONG, unit, line, f"{len(raw)} bytes")
                 continue
             text = R.decode(raw)
@@ -46,4 +46,16 @@ def read(source: SourceConfig, name: str, unit: str, max_chars: int,
             if not isinstance(obj, dict):
                 yield R.Skip(R.MALFORMED_JSON, unit, line, f"not an object but {type(obj).__name__}")
                 continue
-            yield record_from_fields(obj, source, name, f"{stem}:{line}", unit, line, max_chars)
+            yield line, obj
+
+
+def read(source: SourceConfig, name: str, unit: str, max_chars: int,
+         part: int, parts: int) -> Iterator[R.RawDoc | R.Skip]:
+    stem = Path(unit).name.split(".")[0]
+    # UTF-8 is at most 4 bytes a character: a longer line is too long for sure
+    for got in json_objects(unit, part, parts, max_bytes=4 * max_chars):
+        if isinstance(got, R.Skip):
+            yield got
+            continue
+        line, obj = got
+        yield record_from_fields(obj, source, name, f"{stem}:{line}", unit, line, max_chars)

@@ -7,7 +7,6 @@ source articles joined by `|||||` and newlines written as `NEWLINE_CHAR` — and
 one-document cluster; its paragraphs (or windows of sentences) are still the units."""
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from hibert.config.data import SourceConfig
 from data_prep import records as R
 from data_prep.readers.fields import cluster_record
 from data_prep.readers.files import expand, file_units, open_binary, sha256_file
+from data_prep.readers.jsonl import json_objects
 
 SEPARATOR = "|||||"
 NEWLINE = "NEWLINE_CHAR"
@@ -76,25 +76,13 @@ def read(source: SourceConfig, name: str, unit: str, max_chars: int,
         return
     field = source.text_field if source.text_field != "text" else "document"
     src_cfg = source if source.summary_field else source.model_copy(update={"summary_field": "summary"})
-    with open_binary(path) as f:
-        for i, raw in enumerate(f):
-            if i % parts != part:
-                continue
-            line = i + 1
-            text = R.decode(raw)
-            if text is None:
-                yield R.Skip(R.INVALID_UTF8, unit, line)
-                continue
-            if not text.strip():
-                yield R.Skip(R.EMPTY, unit, line, "blank line")
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                yield R.Skip(R.MALFORMED_JSON, unit, line, str(e))
-                continue
-            if not isinstance(obj, dict) or not isinstance(obj.get(field), str):
-                yield R.Skip(R.MISSING_FIELD, unit, line, f"no text {field!r}")
-                continue
-            paragraphs, owner = _paragraphs_of(split_documents(obj[field]))
-            yield cluster_record(paragraphs, owner, obj, src_cfg, name, f"{stem}:{line}", unit, line, max_chars)
+    for got in json_objects(unit, part, parts):
+        if isinstance(got, R.Skip):
+            yield got
+            continue
+        line, obj = got
+        if not isinstance(obj.get(field), str):
+            yield R.Skip(R.MISSING_FIELD, unit, line, f"no text {field!r}")
+            continue
+        paragraphs, owner = _paragraphs_of(split_documents(obj[field]))
+        yield cluster_record(paragraphs, owner, obj, src_cfg, name, f"{stem}:{line}", unit, line, max_chars)
