@@ -31,7 +31,8 @@ def make_loader(task: Task, dataset, batches: list[np.ndarray], epoch: int, work
     """`pin_memory` (CUDA): a loader thread copies each batch to page-locked memory, so the host -> device
     copy in `LoaderItem.to` is asynchronous (non_blocking) and overlaps the previous step's kernels."""
     return DataLoader(MicroBatches(task, dataset, batches, epoch), batch_size=None, shuffle=False,
-                      num_workers=workers, pin_memory=pin_memory and torch.cuda.is_available(), worker_init_fn=ignore_preemption_signals if workers else None,
+                      num_workers=workers, pin_memory=pin_memory and torch.cuda.is_available(),
+                      worker_init_fn=ignore_preemption_signals if workers else None,
                       prefetch_factor=4 if workers else None, persistent_workers=False,
                       multiprocessing_context="fork" if workers else None,
                       generator=torch.Generator().manual_seed(0))
