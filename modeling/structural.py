@@ -30,8 +30,9 @@ def matrix_tree_marginals(edge_scores: Tensor, root_scores: Tensor, mask: Tensor
     neg = torch.finfo(torch.float64).min
     top = torch.maximum(s.masked_fill(~pair, neg).amax((1, 2)), rho.masked_fill(~m, neg).amax(1))  # [C]
     top = top.detach()[:, None]
-    a = torch.where(pair, (s - top[:, :, None]).exp(), torch.zeros_like(s))
-    r = torch.where(m, (rho - top).exp(), torch.zeros_like(rho))
+    # zero the masked scores BEFORE exp: a discarded inf still sends 0 * inf = NaN into the backward
+    a = torch.where(pair, (s - top[:, :, None]).masked_fill(~pair, 0.0).exp(), torch.zeros_like(s))
+    r = torch.where(m, (rho - top).masked_fill(~m, 0.0).exp(), torch.zeros_like(rho))
     lap = torch.diag_embed(a.sum(1)) - a
     lap = torch.where(m[:, :, None] | m[:, None, :], lap, eye.to(lap.dtype).expand_as(lap))  # padding: identity
     lap_bar = torch.cat([r[:, None, :], lap[:, 1:, :]], dim=1)

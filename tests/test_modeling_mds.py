@@ -78,6 +78,14 @@ def test_matrix_tree_is_stable_for_large_scores_and_differentiable():
     y = torch.randn(1, 4, dtype=torch.float64, requires_grad=True)
     m = torch.tensor([[True, True, True, False]])
     assert torch.autograd.gradcheck(lambda a, b: matrix_tree_marginals(a, b, m), (x, y))
+    # huge scores where nothing is read (the diagonal, padding) must not poison the backward with 0 * inf
+    s = torch.zeros(1, 3, 3, dtype=torch.float64)
+    s[0, 1, 1], s[0, 2, 0], s[0, 0, 2] = 800.0, 900.0, -900.0
+    s.requires_grad_(True)
+    rho = torch.tensor([[0.0, 0.0, 850.0]], dtype=torch.float64, requires_grad=True)
+    e, root = matrix_tree_marginals(s, rho, torch.tensor([[True, True, False]]))
+    (e.sum() + root.sum()).backward()
+    assert torch.isfinite(s.grad).all() and torch.isfinite(rho.grad).all()
 
 
 def _clusters(seed: int, n: int = 3):
