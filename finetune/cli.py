@@ -63,11 +63,12 @@ def _run_abstractive(cfg: Config, inputs, model_cfg) -> int:
         decoder_state = _pretraining_decoder(cfg, inputs.init)
     log = logging.getLogger("hibert")
     if getattr(inputs.train, "is_clusters", False):
-        inputs.train, inputs.valid = (ranked_view(cfg, inputs.train, inputs.rt),
-                                      ranked_view(cfg, inputs.valid, inputs.rt))
+        inputs.train, inputs.valid = (ranked_view(cfg, inputs.train, inputs.rt, reuse=True),
+                                      ranked_view(cfg, inputs.valid, inputs.rt, reuse=True))
         if inputs.rt.is_main:
-            log.info("%s: %d train / %d valid clusters%s, units ranked by %s, <= %d tokens", cfg.finetune.task,
-                     len(inputs.train), len(inputs.valid),
+            log.info("%s: %d train / %d valid clusters (%d / %d without a summary left out)%s, units ranked by "
+                     "%s, <= %d tokens", cfg.finetune.task, len(inputs.train), len(inputs.valid),
+                     inputs.train.skipped_no_summary, inputs.valid.skipped_no_summary,
                      " (SYNTHETIC clusters)" if inputs.train.manifest.get("synthetic") else "",
                      cfg.mds.ranking, cfg.mds.budget_tokens)
     else:

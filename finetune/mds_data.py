@@ -86,6 +86,7 @@ class RankedClusters(RowView):
         self.max_units = max_units
         keep = [i for i in range(len(dataset)) if dataset.summary(i) is not None]
         self.rows = np.asarray(keep, dtype=np.int64)
+        self.skipped_no_summary = len(dataset) - len(keep)
         orders, lens, nsents = [], [], []
         for k, i in enumerate(keep):
             unit_tokens = self._unit_tokens(i)

@@ -90,10 +90,12 @@ class MDSTask(AbstractiveTask):
 
 
 # -------------------------------------------------------------------------------------------- ranking
-def ranked_view(cfg: Config, dataset, rt=None, run_dir: Path | None = None):
+def ranked_view(cfg: Config, dataset, rt=None, run_dir: Path | None = None, reuse: bool = False):
     """`dataset` (a cluster split) ranked by `mds.ranking` and cut to `mds.budget_tokens` / `mds.top_units` /
     `mds.max_units`. A learned ranker (`models:/hibert-ranker@...` or an export dir) scores the split once on
-    rank 0; the scores are written to <run dir>/rankings/ and read by every rank."""
+    rank 0; the scores are written to <run dir>/rankings/ and read by every rank. `reuse` (training): scores
+    already written by this run for the same ranker reference are read back, so a resumed run ranks exactly
+    as it started even if the registry alias has moved since, and does not rescore the split."""
     from finetune.mds_data import RANKINGS, RankedClusters
 
     m = cfg.mds
@@ -103,7 +105,10 @@ def ranked_view(cfg: Config, dataset, rt=None, run_dir: Path | None = None):
     run_dir = run_dir or cfg.run_dir
     path = run_dir / "rankings" / f"{dataset.split}.npz"
     is_main = rt is None or rt.is_main
-    if is_main:
+    cached = reuse and path.is_file() and _cached_ranker(path) == m.ranking
+    if is_main and cached:
+        log.info("reusing the %s rankings this run computed at its start (%s)", dataset.split, path)
+    if is_main and not cached:
         scores = learned_scores(cfg, dataset, m.ranking, run_dir, rt.device if rt is not None else "cpu")
         path.parent.mkdir(parents=True, exist_ok=True)
         flat = np.concatenate(scores) if scores else np.zeros(0, np.float32)
@@ -113,6 +118,11 @@ def ranked_view(cfg: Config, dataset, rt=None, run_dir: Path | None = None):
     with np.load(path, allow_pickle=False) as z:
         scores = np.split(z["scores"], np.cumsum(z["counts"])[:-1]) if len(z["counts"]) else []
     return RankedClusters(dataset, scores=scores, **common)
+
+
+def _cached_ranker(path: Path) -> str:
+    with np.load(path, allow_pickle=False) as z:
+        return str(z["ranker"])
 
 
 def learned_scores(cfg: Config, dataset, ref: str, run_dir: Path, device) -> list[np.ndarray]:

@@ -47,8 +47,10 @@ class MultiHeadPooling(nn.Module):
         n, h = x.shape
         weights = unit_softmax(self.score(x).float(), layout.token_unit, layout.num_units).to(x.dtype)
         values = self.value(x).view(n, self.heads, h // self.heads) * weights[..., None]
-        pooled = values.new_zeros(layout.num_units, self.heads, h // self.heads).index_add(0, layout.token_unit, values)
-        return pooled, weights
+        # sums over a unit's tokens accumulate in fp32 (bf16 index_add loses ~0.3% over 400 tokens)
+        pooled = values.new_zeros(layout.num_units, self.heads, h // self.heads, dtype=torch.float32).index_add(
+            0, layout.token_unit, values.float())
+        return pooled.to(x.dtype), weights
 
 
 class GlobalLayer(nn.Module):

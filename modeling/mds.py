@@ -69,9 +69,11 @@ def cluster_states(encoder: HibertEncoder, global_encoder: GlobalEncoder, packed
     x = global_encoder(x, layout, packed.graph)
     # unit vector = mean of its tokens (the unit stream is the memory stream: same tokens, same order)
     n_units = layout.num_units
-    count = torch.zeros(n_units, 1, dtype=x.dtype, device=x.device).index_add_(
-        0, layout.token_unit, torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device))
-    unit_vec = x.new_zeros(n_units, x.shape[1]).index_add(0, layout.token_unit, x) / count
+    count = torch.zeros(n_units, 1, dtype=torch.float32, device=x.device).index_add_(
+        0, layout.token_unit, torch.ones(x.shape[0], 1, dtype=torch.float32, device=x.device))
+    unit_sum = torch.zeros(n_units, x.shape[1], dtype=torch.float32, device=x.device).index_add(
+        0, layout.token_unit, x.float())                          # fp32 sums (bf16 runs)
+    unit_vec = (unit_sum / count).to(x.dtype)
     return EncoderOutput(token_flat=x, sentence_states=unit_vec, docs=packed.memory_docs)
 
 

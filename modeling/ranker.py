@@ -40,8 +40,9 @@ class HibertRanker(nn.Module):
             s = self.pool_score(states).float()
             top = s.new_full((n, 1), -torch.inf).scatter_reduce(0, unit[:, None], s.detach(), "amax")
             w = (s - top[unit]).exp().to(states.dtype)
-        total = w.new_zeros(n, 1).index_add(0, unit, w)
-        return states.new_zeros(n, states.shape[1]).index_add(0, unit, states * w) / total
+        total = w.new_zeros(n, 1, dtype=torch.float32).index_add(0, unit, w.float())   # fp32 sums (bf16 runs)
+        pooled = states.new_zeros(n, states.shape[1], dtype=torch.float32).index_add(0, unit, (states * w).float())
+        return (pooled / total).to(states.dtype)
 
     def forward(self, units) -> Tensor:
         """Scores [U] of the packed units (one logit each)."""

@@ -83,7 +83,8 @@ def test_evaluate_ranker_and_summarizer_reports(trained, tmp_path):
     run_hibert(["evaluate", *mds, "--split", "valid", "--bootstrap", "100", "--compare",
                 f"flat={root / 'flat'}"], timeout=300)
     rep = json.loads((root / "mds" / "report-valid" / "report.json").read_text())
-    assert set(rep["scores"]) == {"model", "lead3_first_doc", "lead_gold_length", "tfidf_extract"}
+    assert set(rep["scores"]) == {"model", "lead3_first_doc", "lead_gold_length", "lead_ranked",
+                                 "tfidf_extract"}
     assert "model-flat" in rep["paired"] and rep["meta"]["clusters"] == "synthetic"
     assert "SYNTHETIC" in rep["meta"]["task"] and rep["num_documents"] >= 3
 

@@ -65,3 +65,14 @@ def test_cluster_baselines():
     picked = tfidf_extract(["the storm hit the coast", "the storm hit the coast", "rain fell on the coast",
                             "stocks rose"], k=2)
     assert len(picked) == 2 and picked[0] != picked[1]                       # the duplicate is filtered
+
+
+def test_liu_lapata_lead_reads_the_title_then_the_ranked_units():
+    from types import SimpleNamespace
+
+    from finetune.mds_eval import ranked_sentences
+
+    view = SimpleNamespace(title=lambda k: "storm season", sentences_text=lambda k: ["b b .", "a a ."])
+    assert lead_tokens(ranked_sentences(view, 0), 4) == ["storm season", "b b"]
+    untitled = SimpleNamespace(title=lambda k: None, sentences_text=lambda k: ["b b ."])
+    assert ranked_sentences(untitled, 0) == ["b b ."]

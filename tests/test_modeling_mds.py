@@ -291,3 +291,4 @@ def test_more_units_than_rank_positions_is_an_error():
     model = _model(layers=1, max_units=2).eval()
     with pytest.raises(ValueError, match="max_units"):
         model.encode(pack_clusters([[[[6]], [[7]], [[8]]]]))
+
