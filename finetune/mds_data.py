@@ -61,8 +61,8 @@ def rank_order(scores: np.ndarray) -> np.ndarray:
 
 
 def budget_cut(order: np.ndarray, unit_tokens: np.ndarray, budget: int, top: int | None) -> np.ndarray:
-    """The prefix of `order` whose units' tokens fit `budget` (at least one unit, cut to `budget` later by
-    the caller if it alone is longer) and at most `top` units."""
+    """The prefix of `order` whose units' tokens fit `budget` and at most `top` units — but always the first
+    unit, even when it alone is longer than a budget below one unit (≤ data.max_unit_sentences sentences)."""
     cum = np.cumsum(np.asarray(unit_tokens)[order])
     keep = max(1, int(np.searchsorted(cum, budget, side="right")))
     if top is not None:
