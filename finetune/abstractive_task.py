@@ -36,6 +36,7 @@ class AbstractiveTask(TokenNLLTask):
         self.cfg, self.model_cfg = cfg, model_cfg
         self.init_state, self.init_decoder_state = init_state, init_decoder_state
         self._word_start: np.ndarray | None = None
+        self.reads_clusters = False   # the flat multi-document baseline: ranked units back to back
 
     def model_config(self) -> ModelConfig:
         return self.model_cfg
@@ -136,8 +137,10 @@ class AbstractiveTask(TokenNLLTask):
 
         dec = {k: v.contiguous() for k, v in full_state.items() if not k.startswith("encoder.")}
         save_file(dec, str(Path(out_dir) / DECODER_WEIGHTS))
-        (Path(out_dir) / DECODER_CONFIG).write_text(json.dumps(
-            {"decoder": self.cfg.decoder.model_dump(mode="json"),
-             "max_target_tokens": self.cfg.finetune.max_target_tokens}, indent=1))
+        settings = {"decoder": self.cfg.decoder.model_dump(mode="json"),
+                    "max_target_tokens": self.cfg.finetune.max_target_tokens}
+        if self.reads_clusters:  # how its units were ranked and cut, so evaluation reads them the same way
+            settings["mds"] = self.cfg.mds.model_dump(mode="json")
+        (Path(out_dir) / DECODER_CONFIG).write_text(json.dumps(settings, indent=1))
         (Path(out_dir) / GENERATION_CONFIG).write_text(json.dumps(self.cfg.generation.model_dump(mode="json"),
                                                                   indent=1))

@@ -81,6 +81,7 @@ def _run_abstractive(cfg: Config, inputs, model_cfg) -> int:
                          "abstractive finetuning needs a corpus with summaries")
     cls = MDSTask if cfg.finetune.task == "mds" else AbstractiveTask
     task = cls(cfg, model_cfg, inputs.init.state if inputs.init else None, decoder_state)
+    task.reads_clusters = task.reads_clusters or getattr(inputs.train, "is_clusters", False)
     return run_task(cfg, inputs, task, "finetune")
 
 

@@ -66,6 +66,10 @@ def evaluate_clusters(cfg, args: argparse.Namespace, local: Path, ref: str, mds:
     gen = generation_from_args(meta["generation"], args)
     if mds:  # the model reads units as it was trained to: its ranking, budget and unit cap
         cfg.mds = meta["mds"]
+    elif meta["decoder"].get("mds"):  # a flat baseline trained on clusters records the same settings
+        from hibert.config.mds import MDSConfig
+
+        cfg.mds = MDSConfig.model_validate(meta["decoder"]["mds"])
     trained_budget = cfg.mds.budget_tokens
     if getattr(args, "ranking", None):  # e.g. the learned ranker at test time, or tfidf for an ablation
         cfg.mds = cfg.mds.model_copy(update={"ranking": args.ranking})

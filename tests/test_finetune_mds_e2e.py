@@ -69,6 +69,8 @@ def test_ranker_and_summarizer_train_select_and_register(trained):
     mds = json.loads((export / "mds.json").read_text())["mds"]
     assert mds["graph_attention"] and mds["structural_attention"] and mds["ranking"].startswith("models:/hibert-ranker")
     assert (root / "mds" / "rankings" / "train.npz").is_file()   # the registered ranker's scores, once
+    flat = json.loads((root / "flat" / "export" / "abstractive.json").read_text())
+    assert flat["mds"]["budget_tokens"] == 300   # the flat baseline records how its units were read
 
 
 def test_evaluate_ranker_and_summarizer_reports(trained, tmp_path):
