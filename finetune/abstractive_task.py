@@ -140,7 +140,9 @@ class AbstractiveTask(TokenNLLTask):
         settings = {"decoder": self.cfg.decoder.model_dump(mode="json"),
                     "max_target_tokens": self.cfg.finetune.max_target_tokens}
         if self.reads_clusters:  # how its units were ranked and cut, so evaluation reads them the same way
-            settings["mds"] = self.cfg.mds.model_dump(mode="json")
+            from finetune.mds_task import trained_mds_settings
+
+            settings["mds"] = trained_mds_settings(self.cfg)
         (Path(out_dir) / DECODER_CONFIG).write_text(json.dumps(settings, indent=1))
         (Path(out_dir) / GENERATION_CONFIG).write_text(json.dumps(self.cfg.generation.model_dump(mode="json"),
                                                                   indent=1))

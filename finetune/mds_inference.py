@@ -4,18 +4,29 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
 
 from finetune.mds_data import tfidf_scores
 
+if TYPE_CHECKING:
+    from hibert.config.mds import MDSConfig
+
 
 def is_mds_export(local: Path) -> bool:
     from finetune.mds_task import MDS_CONFIG
 
     return (Path(local) / MDS_CONFIG).is_file()
+
+
+def stored_mds_config(stored: dict[str, Any]) -> MDSConfig:
+    """The `mds:` settings an export was trained with; one without `global_layer` predates the paper's
+    per-head projections (eq. 16-19) and loads as the `v0` form it was trained with."""
+    from hibert.config.mds import MDSConfig
+
+    return MDSConfig.model_validate({"global_layer": "v0", **stored})
 
 
 def load_mds(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict[str, Any]]:
@@ -25,7 +36,6 @@ def load_mds(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torc
     from finetune.abstractive_task import DECODER_CONFIG, DECODER_WEIGHTS, GENERATION_CONFIG
     from finetune.mds_task import MDS_CONFIG
     from hibert.config.abstractive import DecoderConfig, GenerationConfig
-    from hibert.config.mds import MDSConfig
     from modeling.mds import HibertMDS
     from pretrain.export import load_encoder, read_export
 
@@ -36,7 +46,7 @@ def load_mds(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torc
             raise FileNotFoundError(f"{export_dir} has no {name}: pass a model produced by "
                                     "`hibert finetune finetune.task=mds`")
     settings = json.loads((export_dir / DECODER_CONFIG).read_text())
-    mds = MDSConfig.model_validate(json.loads((export_dir / MDS_CONFIG).read_text())["mds"])
+    mds = stored_mds_config(json.loads((export_dir / MDS_CONFIG).read_text())["mds"])
     model = HibertMDS(model_cfg, DecoderConfig.model_validate(settings["decoder"]), mds)
     load_encoder(model.encoder, enc)
     missing, unexpected = model.load_state_dict(load_file(str(export_dir / DECODER_WEIGHTS)), strict=False)

@@ -86,7 +86,17 @@ class MDSTask(AbstractiveTask):
     # ---------------------------------------------------------------- export
     def write_export_extras(self, out_dir, full_state: dict[str, torch.Tensor]) -> None:
         super().write_export_extras(out_dir, full_state)
-        (Path(out_dir) / MDS_CONFIG).write_text(json.dumps({"mds": self.cfg.mds.model_dump(mode="json")}, indent=1))
+        (Path(out_dir) / MDS_CONFIG).write_text(json.dumps({"mds": trained_mds_settings(self.cfg)}, indent=1))
+
+
+def trained_mds_settings(cfg: Config) -> dict:
+    """`cfg.mds` as the run read it: a learned ranker's alias replaced by the version that ranked the training
+    split, so evaluate and summarize rank with that ranker even after the alias moves."""
+    settings = cfg.mds.model_dump(mode="json")
+    cache = cfg.run_dir / "rankings" / "train.npz"
+    if settings["ranking"].startswith("models:/") and cache.is_file() and _cached_ranker(cache) == settings["ranking"]:
+        settings["ranking"] = _cached_ranker(cache, "pinned")
+    return settings
 
 
 # -------------------------------------------------------------------------------------------- ranking
@@ -109,10 +119,11 @@ def ranked_view(cfg: Config, dataset, rt=None, run_dir: Path | None = None, reus
     if is_main and cached:
         log.info("reusing the %s rankings this run computed at its start (%s)", dataset.split, path)
     if is_main and not cached:
-        scores = learned_scores(cfg, dataset, m.ranking, run_dir, rt.device if rt is not None else "cpu")
+        scores, pinned = learned_scores(cfg, dataset, m.ranking, run_dir, rt.device if rt is not None else "cpu")
         path.parent.mkdir(parents=True, exist_ok=True)
         flat = np.concatenate(scores) if scores else np.zeros(0, np.float32)
-        np.savez(path, scores=flat, counts=np.array([len(s) for s in scores], np.int64), ranker=np.array(m.ranking))
+        np.savez(path, scores=flat, counts=np.array([len(s) for s in scores], np.int64), ranker=np.array(m.ranking),
+                 pinned=np.array(pinned))
     if rt is not None and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         torch.distributed.barrier()
     with np.load(path, allow_pickle=False) as z:
@@ -120,18 +131,20 @@ def ranked_view(cfg: Config, dataset, rt=None, run_dir: Path | None = None, reus
     return RankedClusters(dataset, scores=scores, **common)
 
 
-def _cached_ranker(path: Path) -> str:
+def _cached_ranker(path: Path, field: str = "ranker") -> str:
     with np.load(path, allow_pickle=False) as z:
-        return str(z["ranker"])
+        return str(z[field]) if field in z else str(z["ranker"])
 
 
-def learned_scores(cfg: Config, dataset, ref: str, run_dir: Path, device) -> list[np.ndarray]:
-    """A learned ranker's scores for every unit of every cluster of `dataset` that has a summary."""
+def learned_scores(cfg: Config, dataset, ref: str, run_dir: Path, device) -> tuple[list[np.ndarray], str]:
+    """A learned ranker's scores for every unit of every cluster of `dataset` that has a summary, and the
+    ranker read (an alias pinned to its version: models:/hibert-ranker/3)."""
     from finetune.ranker_task import all_units_view, load_ranker, score_clusters
-    from hibert.registry import resolve_model, tracking_uri
+    from hibert.registry import pin_model_ref, resolve_model, tracking_uri
 
-    local = resolve_model(ref, tracking_uri(cfg.tracking.uri, cfg.run.output_dir), run_dir / "ranker")
-    model, meta = load_ranker(local, device)
+    uri = tracking_uri(cfg.tracking.uri, cfg.run.output_dir)
+    pinned = pin_model_ref(ref, uri)
+    model, meta = load_ranker(resolve_model(pinned, uri, run_dir / "ranker"), device)
     view = all_units_view(dataset)
-    log.info("ranking %d %s clusters with %s", len(view), dataset.split, ref)
-    return score_clusters(model, [view.units(i) for i in range(len(view))], device)
+    log.info("ranking %d %s clusters with %s (%s)", len(view), dataset.split, ref, pinned)
+    return score_clusters(model, [view.units(i) for i in range(len(view))], device), pinned

@@ -59,7 +59,10 @@ def chain_overrides(root: Path, recipe: Path, pipeline: list, extra: list[str],
     return {name: ln.overrides for name, ln in links.items()}
 
 
-def run_stages(cfg: Config, recipe: Path, nproc: int, fresh: bool, extra: list[str]) -> list[dict]:
+def run_stages(cfg: Config, recipe: Path, nproc: int, fresh: bool, extra: list[str],
+               only: list[str] | None = None) -> list[dict]:
+    """Run the pipeline's stages in order; `only`: just these and the stages they need (transitively)."""
+    from slurm.chain import dependency_closure
     from slurm.stages import default_pipeline
 
     root = Path(cfg.run.output_dir)
@@ -69,9 +72,16 @@ def run_stages(cfg: Config, recipe: Path, nproc: int, fresh: bool, extra: list[s
     (root / ".stages").mkdir(parents=True, exist_ok=True)
     pipeline = cfg.slurm.pipeline or default_pipeline(cfg)
     chain = chain_overrides(root, recipe, pipeline, extra, cfg.run.name)
+    wanted = None
+    if only:
+        closure = dependency_closure(pipeline)
+        unknown = sorted(set(only) - set(closure))
+        if unknown:
+            raise SystemExit(f"[demo] no stage {', '.join(unknown)} in {recipe}; stages: {', '.join(closure)}")
+        wanted = set(only).union(*(closure[name] for name in only))
     rows = []
     for st in pipeline:
-        if st.command in LOCAL_SKIP:
+        if st.command in LOCAL_SKIP or (wanted is not None and st.name not in wanted):
             continue
         stage_recipe = recipe if st.recipe is None else st.recipe
         argv = [sys.executable, "-m", "hibert.cli", st.command, str(stage_recipe), *extra, *st.overrides,
@@ -209,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="dotted overrides applied to every stage")
     p.add_argument("--fresh", action="store_true", help="start from nothing instead of reusing finished stages")
     p.add_argument("--nproc", type=int, default=2, help="local ranks for training stages")
+    p.add_argument("--stages", default=None, metavar="A,B",
+                   help="comma-separated stage names: run only these and the stages they wait for "
+                        "(finished ones are reused); default: the whole pipeline")
     p.add_argument("--article", default="samples/cnndm_test_sample.jsonl",
                    help="held-back articles; the first one is summarized at the end")
     args = p.parse_args(argv)
@@ -217,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     recipe = find_recipe(args.recipe)
     cfg = load_config(recipe, args.overrides)
     t0 = time.time()
-    rows = run_stages(cfg, recipe, args.nproc, args.fresh, args.overrides)
+    only = [name.strip() for name in args.stages.split(",") if name.strip()] if args.stages else None
+    rows = run_stages(cfg, recipe, args.nproc, args.fresh, args.overrides, only)
     root = Path(cfg.run.output_dir)
 
     print("\n== stages ==")

@@ -109,6 +109,15 @@ def resolve_model(ref: str, uri: str, dst: str | Path | None = None) -> Path:
     return Path(local)
 
 
+def pin_model_ref(ref: str, uri: str) -> str:
+    """`models:/name@alias` -> `models:/name/<version it points at now>`; other references unchanged. What a
+    run read is then recorded exactly, however the alias moves afterwards."""
+    if not ref.startswith("models:/") or "@" not in ref:
+        return ref
+    name, alias = ref[len("models:/"):].split("@", 1)
+    return f"models:/{name}/{client(uri).get_model_version_by_alias(name, alias).version}"
+
+
 def list_versions(uri: str, name: str | None = None) -> list[dict[str, Any]]:
     c = client(uri)
     rows = []

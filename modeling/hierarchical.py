@@ -2,17 +2,24 @@
 `TransformerInterLayer` and `MultiHeadedPooling`), on top of the HIBERT encoder, which plays the local
 layers: it has already contextualised every token within its sentence and every sentence within its unit.
 
-One global layer, per head h: pool each unit's tokens into one vector (a softmax over the unit's tokens of a
-learned score, weighting learned values), attend across the units of the same cluster, concatenate the heads
-and project; that context is added to every token of the unit, then a position-wise FFN. Optionally head 0's
-weights are the row-normalised unit graph (eq. 24: graph-informed attention) and the pooled unit vectors go
-through structural attention (matrix-tree marginals, modeling/structural.py) whose output joins the context.
+One global layer, per head z (the paper's equations): score a^z and value b^z per token (13, 14), softmax of
+the scores over the unit's tokens (15), head^z = LayerNorm(W_c^z sum_j a^z_j b^z_j) (16); q^z, k^z, v^z
+projected from head^z with per-head weights (17-19), attention across the units of the same cluster (20,
+scaled by 1/sqrt(d_head) as in Vaswani et al. and hiersumm); the heads' contexts concatenated and projected,
+added to every token of the unit, then a position-wise FFN. hiersumm shares the q/k/v projections across
+heads; the paper gives every head its own, and so do we. Optionally head 0's weights are the row-normalised
+unit graph (eq. 24: graph-informed attention) and the pooled unit vectors go through structural attention
+(matrix-tree marginals, modeling/structural.py) whose output joins the context.
+
+`form="v0"` is the earlier simplification (q/k shared across heads, no W_c, LayerNorm or W_v), kept so that
+exports made with it still load.
 
 Token-wise work runs on the flat stream of real tokens; only the [C, W] unit grid is padded.
 """
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -33,14 +40,31 @@ def unit_softmax(scores: Tensor, token_unit: Tensor, num_units: int) -> Tensor:
     return e / total.gather(0, index)
 
 
-class MultiHeadPooling(nn.Module):
-    """Per head, one vector per unit: sum over the unit's tokens of softmax(score) x value."""
+class HeadwiseLinear(nn.Module):
+    """One d_in -> d_out linear per head (W^z of the paper): x [..., heads, d_in] -> [..., heads, d_out]."""
 
-    def __init__(self, hidden: int, heads: int):
+    def __init__(self, heads: int, d_in: int, d_out: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(heads, d_in, d_out))
+        self.bias = nn.Parameter(torch.zeros(heads, d_out))
+        for z in range(heads):                     # Xavier-uniform per head, as init_weights does for linears
+            nn.init.xavier_uniform_(self.weight[z])
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.einsum("...hi,hio->...ho", x, self.weight.to(x.dtype)) + self.bias.to(x.dtype)
+
+
+class MultiHeadPooling(nn.Module):
+    """Per head, one vector per unit: sum over the unit's tokens of softmax(score) x value (eq. 13-15), then,
+    with `project`, LayerNorm(W_c^z .) (eq. 16)."""
+
+    def __init__(self, hidden: int, heads: int, project: bool = True):
         super().__init__()
         self.heads = heads
         self.score = nn.Linear(hidden, heads)
         self.value = nn.Linear(hidden, hidden)
+        self.mix = HeadwiseLinear(heads, hidden // heads, hidden // heads) if project else None
+        self.norm = nn.LayerNorm(hidden // heads) if project else None
 
     def forward(self, x: Tensor, layout: UnitLayout) -> tuple[Tensor, Tensor]:
         """x [N, H] -> (pooled [U, heads, H / heads], pooling weights [N, heads])."""
@@ -49,23 +73,30 @@ class MultiHeadPooling(nn.Module):
         values = self.value(x).view(n, self.heads, h // self.heads) * weights[..., None]
         # sums over a unit's tokens accumulate in fp32 (bf16 index_add loses ~0.3% over 400 tokens)
         pooled = values.new_zeros(layout.num_units, self.heads, h // self.heads, dtype=torch.float32).index_add(
-            0, layout.token_unit, values.float())
-        return pooled.to(x.dtype), weights
+            0, layout.token_unit, values.float()).to(x.dtype)
+        if self.mix is not None:
+            pooled = self.norm(self.mix(pooled))
+        return pooled, weights
 
 
 class GlobalLayer(nn.Module):
     """Pre-LN: x + dropout(context of x's unit), then x + FFN(LN(x))."""
 
     def __init__(self, hidden: int, heads: int, ffn: int, dropout: float, graph_attention: bool = False,
-                 structural_attention: bool = False):
+                 structural_attention: bool = False, form: Literal["liu_lapata", "v0"] = "liu_lapata"):
         super().__init__()
         if hidden % heads:
             raise ValueError(f"global heads ({heads}) must divide hidden ({hidden})")
-        self.heads, self.graph_attention = heads, graph_attention
+        self.heads, self.graph_attention, self.form = heads, graph_attention, form
         self.norm = nn.LayerNorm(hidden)
-        self.pool = MultiHeadPooling(hidden, heads)
-        self.query = nn.Linear(hidden // heads, hidden // heads)
-        self.key = nn.Linear(hidden // heads, hidden // heads)
+        d = hidden // heads
+        self.pool = MultiHeadPooling(hidden, heads, project=form == "liu_lapata")
+        if form == "liu_lapata":
+            self.qkv = HeadwiseLinear(heads, d, 3 * d)                   # W_q^z, W_k^z, W_v^z (eq. 17-19)
+        elif form == "v0":
+            self.query, self.key = nn.Linear(d, d), nn.Linear(d, d)
+        else:
+            raise ValueError(f"unknown global layer form {form!r} (liu_lapata, v0)")
         self.out = nn.Linear(hidden, hidden)
         self.structure = StructuralAttention(hidden) if structural_attention else None
         self.ffn_norm = nn.LayerNorm(hidden)
@@ -73,27 +104,34 @@ class GlobalLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def unit_weights(self, pooled: Tensor, layout: UnitLayout, graph: Tensor | None) -> tuple[Tensor, Tensor]:
-        """Per head attention of every unit over the units of its cluster: ([C, heads, W, W], grid values)."""
+        """Per head attention of every unit over the units of its cluster: ([C, heads, W, W], values
+        [C, heads, W, d])."""
         c, w = layout.num_clusters, layout.max_units
         d = pooled.shape[-1]
         grid = pooled.new_zeros(c * w, self.heads, d).index_copy(0, layout.unit_slot, pooled).view(c, w, self.heads, d)
-        grid = grid.transpose(1, 2)                                      # [C, heads, W, d]
-        scores = self.query(grid) @ self.key(grid).transpose(-1, -2) / math.sqrt(d)
+        if self.form == "liu_lapata":
+            q, k, v = self.qkv(grid).transpose(1, 2).split(d, dim=-1)    # each [C, heads, W, d]
+        else:
+            grid = grid.transpose(1, 2)
+            q, k, v = self.query(grid), self.key(grid), grid
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d)
         mask = layout.unit_mask[:, None, None, :]
-        weights = torch.softmax(scores.float().masked_fill(~mask, -math.inf), dim=-1).to(grid.dtype)
+        weights = torch.softmax(scores.float().masked_fill(~mask, -math.inf), dim=-1).to(v.dtype)
         if self.graph_attention:
             if graph is None:
                 raise ValueError("graph-informed attention needs each cluster's unit graph")
             weights = torch.cat([graph_weights(graph, layout.unit_mask).to(weights.dtype)[:, None], weights[:, 1:]], 1)
-        return weights, grid
+        return weights, v
 
     def forward(self, x: Tensor, layout: UnitLayout, graph: Tensor | None = None) -> Tensor:
         pooled, _ = self.pool(self.norm(x), layout)                      # [U, heads, d]
-        weights, grid = self.unit_weights(pooled, layout, graph)
-        ctx = (weights @ grid).transpose(1, 2).reshape(layout.num_clusters * layout.max_units, -1)
+        weights, values = self.unit_weights(pooled, layout, graph)
+        ctx = (weights @ values).transpose(1, 2).reshape(layout.num_clusters * layout.max_units, -1)
         ctx = self.out(ctx)
-        if self.structure is not None:
-            units = grid.transpose(1, 2).reshape(layout.num_clusters, layout.max_units, -1)
+        if self.structure is not None:                                   # over the pooled heads, concatenated
+            c, w = layout.num_clusters, layout.max_units
+            units = pooled.new_zeros(c * w, pooled.shape[1] * pooled.shape[2]).index_copy(
+                0, layout.unit_slot, pooled.flatten(1)).view(c, w, -1)
             ctx = ctx + self.structure(units, layout.unit_mask).reshape_as(ctx)
         per_unit = ctx.index_select(0, layout.unit_slot)                 # [U, H]
         x = x + self.dropout(per_unit.index_select(0, layout.token_unit))
@@ -115,13 +153,14 @@ class GlobalEncoder(nn.Module):
     + a final LayerNorm."""
 
     def __init__(self, hidden: int, heads: int, ffn: int, dropout: float, layers: int, graph_attention: bool = False,
-                 structural_attention: bool = False, max_units: int = 64, rank_embedding: bool = True):
+                 structural_attention: bool = False, max_units: int = 64, rank_embedding: bool = True,
+                 form: Literal["liu_lapata", "v0"] = "liu_lapata"):
         super().__init__()
         self.max_units = max_units
         self.register_buffer("ranks", sinusoidal_table(max_units, hidden), persistent=False)
         self.rank_embedding = rank_embedding and layers > 0
-        self.layers = nn.ModuleList(GlobalLayer(hidden, heads, ffn, dropout, graph_attention, structural_attention)
-                                    for _ in range(layers))
+        self.layers = nn.ModuleList(GlobalLayer(hidden, heads, ffn, dropout, graph_attention, structural_attention,
+                                                form) for _ in range(layers))
         self.final_norm = nn.LayerNorm(hidden) if layers else nn.Identity()
         self.apply(init_weights)
 

@@ -96,7 +96,7 @@ class HibertMDS(HibertAbstractive):
         self.global_encoder = GlobalEncoder(
             enc_cfg.hidden, mds_cfg.global_heads or enc_cfg.heads, enc_cfg.ffn_dim, enc_cfg.dropout,
             mds_cfg.global_layers, mds_cfg.graph_attention, mds_cfg.structural_attention, mds_cfg.max_units,
-            mds_cfg.rank_embedding)
+            mds_cfg.rank_embedding, mds_cfg.global_layer)
         self.decoder = AbstractiveDecoder(enc_cfg, dec_cfg)
 
     def memory(self, packed: PackedClusters) -> EncoderOutput:

@@ -4,6 +4,7 @@ summarizer reading the units the registered ranker picks (2 ranks, ZeRO-2, PHT +
 attention; hibert-mds) and the flat baseline -> `hibert evaluate` for both kinds -> `hibert summarize` on a
 cluster. Real DeepSpeed, MLflow and ROUGE."""
 import json
+import shutil
 import subprocess
 
 import pytest
@@ -67,10 +68,13 @@ def test_ranker_and_summarizer_train_select_and_register(trained):
     assert list_versions(uri, "hibert-mds")[-1]["aliases"] == ["finetuned"]
     export = root / "mds" / "export"
     mds = json.loads((export / "mds.json").read_text())["mds"]
-    assert mds["graph_attention"] and mds["structural_attention"] and mds["ranking"].startswith("models:/hibert-ranker")
+    # the alias the recipe names, pinned to the version that ranked the training split
+    assert mds["graph_attention"] and mds["structural_attention"] and mds["global_layer"] == "liu_lapata"
+    assert mds["ranking"] == f"models:/hibert-ranker/{list_versions(uri, 'hibert-ranker')[-1]['version']}"
     assert (root / "mds" / "rankings" / "train.npz").is_file()   # the registered ranker's scores, once
     flat = json.loads((root / "flat" / "export" / "abstractive.json").read_text())
     assert flat["mds"]["budget_tokens"] == 300   # the flat baseline records how its units were read
+    assert flat["mds"]["ranking"] == mds["ranking"]
 
 
 def test_evaluate_ranker_and_summarizer_reports(trained, tmp_path):
@@ -89,6 +93,17 @@ def test_evaluate_ranker_and_summarizer_reports(trained, tmp_path):
                                  "tfidf_extract"}
     assert "model-flat" in rep["paired"] and rep["meta"]["clusters"] == "synthetic"
     assert "SYNTHETIC" in rep["meta"]["task"] and rep["num_documents"] >= 3
+    # a model trained on oracle-ranked units reads the references: refused unless asked for, then labelled
+    oracle = tmp_path / "oracle-export"
+    shutil.copytree(root / "mds" / "export", oracle)
+    settings = json.loads((oracle / "mds.json").read_text())
+    (oracle / "mds.json").write_text(json.dumps({"mds": {**settings["mds"], "ranking": "oracle"}}))
+    refused = subprocess.run(HIBERT + ["evaluate", *mds, "--model", str(oracle), "--split", "valid"],
+                             capture_output=True, text=True, timeout=200)
+    assert refused.returncode != 0 and "ranks units with the oracle" in refused.stderr
+    run_hibert(["evaluate", *mds, "--model", oracle, "--split", "valid", "--ranking", "oracle", "--limit", "2",
+                "--bootstrap", "50", "--out", tmp_path / "oracle-report"], timeout=300)
+    assert "upper bound" in (tmp_path / "oracle-report" / "report.md").read_text()
 
 
 def test_summarize_a_cluster_and_refusals(trained, tmp_path):

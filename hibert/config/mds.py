@@ -11,6 +11,9 @@ from hibert.config.base import Section
 class MDSConfig(Section):
     global_layers: int = Field(2, ge=0, le=24)          # inter-unit layers on top of the local encoder
     global_heads: int | None = Field(None, ge=1)        # None -> model.heads (must divide model.hidden)
+    # liu_lapata: eq. 13-20 with per-head W_c + LayerNorm and per-head q/k/v; v0: the earlier simplification
+    # (q/k shared across heads, no W_c, LayerNorm or W_v), what exports without this field were trained with
+    global_layer: Literal["liu_lapata", "v0"] = "liu_lapata"
     rank_embedding: bool = True                         # sinusoidal embedding of each unit's rank
     max_units: int = Field(64, ge=1, le=4096)           # units per cluster the summarizer reads
     graph_attention: bool = False                       # one global head = the row-normalised unit graph
