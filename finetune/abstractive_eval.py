@@ -29,6 +29,8 @@ def add_generation_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--length-penalty", type=_bounded(float, 0.0), default=None, help="GNMT length penalty alpha")
     g.add_argument("--no-repeat-ngram", type=_bounded(int, 0), default=None,
                    help="block repeated word n-grams (0 = off)")
+    g.add_argument("--max-word-pieces", type=_bounded(int, 0), default=None,
+                   help="at most this many subwords per word (0 = no cap)")
     g.add_argument("--batch-size", type=_bounded(int, 1), default=None, help="documents decoded together")
 
 
@@ -36,7 +38,7 @@ def generation_from_args(base, args: argparse.Namespace):
     """The export's generation settings with the command line's flags on top (validated by the schema)."""
     changes = {k: v for k, v in {"beam_size": args.beam, "min_length": args.min_len, "max_length": args.max_len,
                                  "length_penalty": args.length_penalty, "no_repeat_ngram": args.no_repeat_ngram,
-                                 "batch_size": args.batch_size}.items() if v is not None}
+                                 "max_word_pieces": args.max_word_pieces, "batch_size": args.batch_size}.items() if v is not None}
     return type(base).model_validate({**base.model_dump(), **changes})
 
 

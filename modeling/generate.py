@@ -20,6 +20,7 @@ Rules, all in subwords:
     early_stopping off every document runs to max_length and returns the same hypotheses.
   * no-repeat n-gram blocking on words (see `NgramBlocker`), copy-aware: with a pointer-generator the
     search runs on the mixture's log-probs, as everything else does.
+  * at most `max_word_pieces` pieces per word (0 = no cap; see `WordPieceCap`).
 """
 from __future__ import annotations
 
@@ -154,6 +155,38 @@ class NgramBlocker:
         self.h1, self.h2, self.open = (x.index_select(0, rows) for x in (self.h1, self.h2, self.open))
 
 
+class WordPieceCap:
+    """At most `limit` pieces per word: once a hypothesis's open word has `limit` pieces, continuation
+    pieces are banned for it (it must start a word or end), unless the n-gram blocker already bans every
+    completion there (then the word goes on: the cap never makes a dead end). Word n-gram blocking cannot
+    see inside a word: an undertrained decoder meets min_length by stacking continuation pieces
+    ("he's's's's"), and the cap is what stops that."""
+
+    def __init__(self, limit: int, completes: Tensor, rows: int):
+        self.limit = limit
+        self.continuation = ~completes.to(torch.bool)                       # [V]: pieces that extend a word
+        self.pieces = torch.zeros(rows, dtype=torch.long, device=completes.device)  # pieces of the open word
+
+    def apply(self, logp: Tensor, blocked: Tensor | None) -> None:
+        """-inf to continuation pieces of the capped hypotheses, in place (`blocked [R]`: the n-gram
+        blocker bans every completion of that row, so the cap yields)."""
+        capped = self.pieces >= self.limit
+        if blocked is not None:
+            capped &= ~blocked
+        if logp.is_cuda:  # a mask pass costs nothing there, a host sync (nonzero) would
+            logp.masked_fill_(capped[:, None] & self.continuation[None, :], float("-inf"))
+        else:
+            rows = torch.nonzero(capped).squeeze(1)
+            if len(rows):
+                logp[rows] = logp[rows].masked_fill(self.continuation, float("-inf"))
+
+    def push(self, tokens: Tensor) -> None:
+        self.pieces = torch.where(self.continuation[tokens] & (self.pieces > 0), self.pieces + 1, 1)
+
+    def reorder(self, rows: Tensor) -> None:
+        self.pieces = self.pieces.index_select(0, rows)
+
+
 class _Pool:
     """Finished hypotheses: the K best per document, sorted (ties: the earlier found first)."""
 
@@ -217,15 +250,16 @@ def generate(model, docs: PackedDocuments, gen: GenerationConfig, word_start: Te
              trace: Callable[[int, Tensor, Tensor], None] | None = None) -> list[Hypothesis]:
     """Beam search over every document of `docs` (packed layout, on the model's device) with a
     `HibertAbstractive` in eval mode (callers wrap it in autocast for bf16). `word_start [V]` bool marks
-    the pieces that begin a word (needed when gen.no_repeat_ngram > 0). Returns one `Hypothesis` per
+    the pieces that begin a word (needed when gen.no_repeat_ngram or gen.max_word_pieces > 0). Returns one `Hypothesis` per
     document, in order, with its `n_best` best in `.nbest`. `use_cache=False` recomputes the whole prefix
     at every step instead of using the self-attention cache (benchmarks). `trace(step, prefixes [R, t],
     banned [R, V])` sees the n-gram blocker's decision at every step (tests)."""
     k, max_len, alpha = gen.beam_size, gen.max_length, gen.length_penalty
     if not 1 <= n_best <= k:
         raise ValueError(f"n_best ({n_best}) must be between 1 and beam_size ({k})")
-    if gen.no_repeat_ngram and word_start is None:
-        raise ValueError("generation.no_repeat_ngram > 0 needs word_start (which pieces begin a word)")
+    if (gen.no_repeat_ngram or gen.max_word_pieces) and word_start is None:
+        raise ValueError("generation.no_repeat_ngram / max_word_pieces > 0 need word_start (which pieces begin a "
+                         "word)")
     vocab = model.cfg.vocab_size
     device = docs.tokens.device
     num_docs = docs.num_docs
@@ -238,6 +272,11 @@ def generate(model, docs: PackedDocuments, gen: GenerationConfig, word_start: Te
     blocker = None
     if gen.no_repeat_ngram:
         blocker = NgramBlocker(gen.no_repeat_ngram, word_start.to(device), num_docs * k, max_len + 1)
+    cap = None
+    if gen.max_word_pieces:
+        completes = word_start.to(device=device, dtype=torch.bool).clone()
+        completes[EOS_ID] = True
+        cap = WordPieceCap(gen.max_word_pieces, completes, num_docs * k)
     pool = _Pool(num_docs, k, max_len, device)
     early, normal, last = _step_bias(vocab, device)
     bound_penalty = gnmt_penalty(max_len + 1, alpha)
@@ -255,6 +294,8 @@ def generate(model, docs: PackedDocuments, gen: GenerationConfig, word_start: Te
         if blocker is not None:
             _block_ngrams(logp, blocker, t == max_len - 1,
                           None if trace is None else lambda mask: trace(t, history.view(b * k, max_len)[:, :t], mask))
+        if cap is not None and t < max_len:
+            cap.apply(logp, None if blocker is None else blocker.banned())
         cand = logp.view(b, k, vocab).add_(scores[..., None]).view(b, k * vocab)
         top, index = _top_candidates(cand, min(2 * k, k * vocab))
         beam = torch.div(index, vocab, rounding_mode="floor")    # integer backpointers
@@ -294,10 +335,12 @@ def generate(model, docs: PackedDocuments, gen: GenerationConfig, word_start: Te
             new_token = new_token[keep]
         if k > 1 or keep is not None:
             state.reorder(rows.reshape(-1), keep)
-            if blocker is not None:
-                blocker.reorder(rows.reshape(-1))
-        if blocker is not None:
-            blocker.push(new_token.reshape(-1))
+            for rule in (blocker, cap):
+                if rule is not None:
+                    rule.reorder(rows.reshape(-1))
+        for rule in (blocker, cap):
+            if rule is not None:
+                rule.push(new_token.reshape(-1))
         inputs = new_token.reshape(-1)
     return pool.hypotheses(n_best)
 

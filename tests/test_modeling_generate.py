@@ -189,6 +189,28 @@ def test_no_repeated_word_trigram_in_200_decodes_and_the_ban_matches_the_referen
     assert repeats_free > 50  # random models do repeat: the blocking is what removes them
 
 
+def test_word_piece_cap_bounds_every_word_and_keeps_batch_independence():
+    """Random models stack continuation pieces; with max_word_pieces=2 no word has more than 2 pieces,
+    every document of the batch decodes as it does alone (the cap's state follows the backpointers), and
+    with word trigram blocking on too nothing repeats and every beam search finishes."""
+    gen = GenerationConfig(beam_size=3, min_length=16, max_length=20, no_repeat_ngram=0, max_word_pieces=2)
+    long_free = 0
+    for seed in range(4):
+        model = tiny_model(seed=seed)
+        docs = random_docs(300 + seed, n_docs=6)
+        packed = pack_documents(docs)
+        capped = generate(model, packed, gen, word_start=WORD_START)
+        free = generate(model, packed, gen.model_copy(update={"max_word_pieces": 0}))
+        assert all(len(w) <= 2 for h in capped for w in words_of(h.tokens))
+        long_free += sum(len(w) > 2 for h in free for w in words_of(h.tokens))
+        for doc, h in zip(docs[:3], capped):
+            alone = generate(model, pack_documents([doc]), gen, word_start=WORD_START)[0]
+            assert alone.tokens == h.tokens and abs(alone.score - h.score) < 1e-4
+        both = generate(model, packed, gen.model_copy(update={"no_repeat_ngram": 3}), word_start=WORD_START)
+        assert all(h.finished and not has_repeat(words_of(h.tokens), 3) for h in both)
+    assert long_free > 10  # without the cap these models do build long words
+
+
 def test_dead_ends_return_the_best_open_beam_without_its_open_word():
     """Every piece starts a word and no word may repeat (n = 1): a beam that emits a repeated word has
     nothing left to do (EOS is banned below min_length) and dies. With every beam dead and nothing

@@ -38,6 +38,7 @@ class GenerationConfig(Section):
     max_length: int = Field(150, ge=1)         # subwords; EOS is forced after this many
     length_penalty: float = Field(0.6, ge=0.0, le=10.0)  # GNMT alpha: score = log p / ((5 + |Y|) / 6)^alpha
     no_repeat_ngram: int = Field(3, ge=0, le=32)  # word n-grams never repeated; 0 = off
+    max_word_pieces: int = Field(0, ge=0, le=64)  # subwords per word at most (stops "he's's's's"); 0 = off
     early_stopping: bool = True                # stop a document once no open beam can beat its best summary
     batch_size: int = Field(16, ge=1)          # documents decoded together
 
