@@ -61,8 +61,8 @@ def compared_reports(paths: list[str], split: str) -> dict[str, dict[str, Any]]:
                 out[name or cand.parent.parent.name] = report
                 break
         else:
-            raise SystemExit(f"hibert evaluate: --compare {item!r}: no report.json there (run `hibert evaluate` "
-                             "for that run first)")
+            raise SystemExit(f"hibert: report {item!r}: no report.json there (run `hibert evaluate` for that run "
+                             "first)")
     return out
 
 
