@@ -8,7 +8,7 @@ a per-document pool (tensors, merged with one sort), and documents that are done
 
 Rules, all in subwords:
   * length = subwords of the summary, EOS not counted. EOS is banned while length < min_length and is
-    the only candidate once length == max_length. PAD, BOS and [MASK] are never generated.
+    the only candidate once length == max_length. PAD, <unk>, BOS and [MASK] are never generated.
   * score of a finished hypothesis = (sum of log-probs, EOS included) / lp, with the GNMT length penalty
     lp = ((5 + |Y|) / 6) ** alpha, |Y| = subwords + 1 (the EOS).
   * candidates: the 2K best (beam score + log-prob) over all K x V extensions, ordered by score, ties by
@@ -31,10 +31,10 @@ import torch
 from torch import Tensor
 
 from hibert.config.abstractive import GenerationConfig
-from hibert.tokens import BOS_ID, EOS_ID, MASK_ID, PAD_ID
+from hibert.tokens import BOS_ID, EOS_ID, MASK_ID, PAD_ID, UNK_ID
 from modeling.packing import PackedDocuments
 
-NEVER_GENERATED = (PAD_ID, BOS_ID, MASK_ID)
+NEVER_GENERATED = (PAD_ID, UNK_ID, BOS_ID, MASK_ID)  # <unk> renders as ' ⁇ ', never a summary
 
 
 @dataclass

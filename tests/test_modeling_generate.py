@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hibert.config.abstractive import GenerationConfig
-from hibert.tokens import BOS_ID, EOS_ID, MASK_ID, PAD_ID
+from hibert.tokens import BOS_ID, EOS_ID, MASK_ID, PAD_ID, UNK_ID
 from modeling.abstractive import make_abstractive_batch
 from modeling.generate import NgramBlocker, _top_candidates, generate, gnmt_penalty, greedy
 from modeling.packing import pack_documents
@@ -106,7 +106,7 @@ def greedy_reference(model, doc, gen: GenerationConfig) -> tuple[list[int], floa
         batch = make_abstractive_batch([doc], [np.asarray(prefix, dtype=np.int64)])
         with torch.no_grad():
             logp = model(batch, return_log_probs=True).log_probs[-1].clone()
-        logp[[PAD_ID, BOS_ID, MASK_ID]] = -math.inf
+        logp[[PAD_ID, UNK_ID, BOS_ID, MASK_ID]] = -math.inf
         if t < gen.min_length:
             logp[EOS_ID] = -math.inf
         if t == gen.max_length or int(logp.argmax()) == EOS_ID:
