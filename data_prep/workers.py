@@ -78,9 +78,17 @@ class WorkerPool:
 
     def _all(self, fn: Callable[..., Any], calls: list[tuple[Any, ...]], doing: str) -> list[Any]:
         try:
-            return [f.result() for f in [self.pool.submit(fn, *a) for a in calls]]
+            return [f.result() for f in [self._submit(fn, *a) for a in calls]]
         except BrokenProcessPool as e:
             raise WorkerDied(f"a prep worker process died while {doing} (killed, or out of memory?)") from e
+
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        try:
+            return self.pool.submit(fn, *args)
+        except OSError as e:
+            # a worker died and the pool's management thread is tearing the queues down while submit() starts
+            # a replacement: the same broken pool, seen a moment earlier
+            raise BrokenProcessPool(f"a worker died while submitting ({e})") from e
 
     def segment(self, batches: list[list[tuple[list[str], bool]]]) -> list[list[list[tuple[str, int]]]]:
         return self._all(_segment, [(b,) for b in batches], "segmenting the tokenizer sample")
@@ -90,7 +98,7 @@ class WorkerPool:
         futures: dict[Future, int] = {}
         try:
             for s in shards:
-                futures[self.pool.submit(_shard, s)] = s
+                futures[self._submit(_shard, s)] = s
             for f in as_completed(futures):
                 yield f.result()
         except BrokenProcessPool as e:

@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "evaluate": ("finetune.cli:run_evaluate", "ROUGE evaluation with bootstrap confidence intervals next to "
                  "Lead-3 and the oracle; writes a Markdown/JSON report and a chart.", True),
     "compare": ("finetune.compare:run", "Paired bootstrap between evaluation reports already written (each "
-                "against the first, over the documents both hold): ROUGE differences with 95% CIs and p.", False),
+                "against the first, over the documents both hold): ROUGE differences with 95-percent CIs and p-values.", False),
     "summarize": ("finetune.cli:run_summarize", "Summarize raw text (a file, JSONL of documents, or - for stdin) "
                   "with a finetuned model.", True),
     "submit": ("slurm.submit:run", "Render sbatch scripts for a recipe and submit the staged chain "

@@ -353,6 +353,29 @@ def test_a_killed_worker_fails_the_run_instead_of_hanging(tmp_path, method):
         pool.terminate()
 
 
+@pytest.mark.timeout(60)
+def test_a_death_seen_while_submitting_is_worker_died_too(tmp_path):
+    """The other side of the race above: submit() can start a replacement worker while the pool's management
+    thread closes its queues, and then fails with OSError('handle is closed') instead of BrokenProcessPool."""
+    from data_prep.workers import WorkerDied, WorkerPool
+
+    class TornDown:
+        def submit(self, *args, **kwargs):
+            raise OSError("handle is closed")
+
+    cfg = data_cfg(tmp_path, [SourceConfig(format="text", path=str(FIX / "text"))])
+    pool = WorkerPool(cfg, tmp_path, {}, 1, progress=False, method="fork")
+    real, pool.pool = pool.pool, TornDown()
+    try:
+        with pytest.raises(WorkerDied, match=r"shards \[0, 1\] unfinished"):
+            list(pool.shards([0, 1]))
+        with pytest.raises(WorkerDied, match="segmenting"):
+            pool.segment([[(["One sentence."], False)]])
+    finally:
+        pool.pool = real
+        pool.terminate()
+
+
 def test_in_domain_prep_reuses_the_open_domain_tokenizer(tmp_path, repo):
     open_cfg = data_cfg(tmp_path / "open", [SourceConfig(format="text", path=str(FIX / "text"))])
     prepare(open_cfg, progress=False)
