@@ -202,6 +202,7 @@ def _evaluate_clusters(cfg: Config, args: argparse.Namespace, local: Path, ref: 
     from finetune.abstractive_eval import is_abstractive_export
     from finetune.mds_eval import evaluate_clusters, evaluate_ranker
     from finetune.mds_inference import is_mds_export
+    from finetune.rouge_eval import format_p
 
     if (local / "ranker.json").is_file():
         done = evaluate_ranker(cfg, args, local, ref)
@@ -209,7 +210,8 @@ def _evaluate_clusters(cfg: Config, args: argparse.Namespace, local: Path, ref: 
             print(f"{name:15s} " + "  ".join(f"L'={c}: {v['mean']:.2f}" for c, v in by_cut.items()))
         for pair, by_cut in done["payload"]["paired"].items():
             d = by_cut["5"]
-            print(f"{pair:22s} L'=5 {d['diff']:+.2f} [{d['low']:+.2f},{d['high']:+.2f}] p={d['p_value']:.3g} (paired)")
+            print(f"{pair:22s} L'=5 {d['diff']:+.2f} [{d['low']:+.2f},{d['high']:+.2f}] "
+                  f"{format_p(d['p_value'], d['resamples'])} (paired)")
         print(f"report: {done['out'] / 'report.md'}")
         return 0
     if not (is_mds_export(local) or is_abstractive_export(local)):
@@ -222,13 +224,16 @@ def _evaluate_clusters(cfg: Config, args: argparse.Namespace, local: Path, ref: 
 
 
 def _print_scores(result: dict, paths: dict) -> None:
+    from finetune.rouge_eval import format_p
+
     for name, sc in result["systems"].items():
         print(f"{name:8s} " + "  ".join(f"{m.replace('_f', '')}={sc[m]['mean']:.2f}"
                                         f"[{sc[m]['low']:.2f},{sc[m]['high']:.2f}]"
                                         for m in ("rouge1_f", "rouge2_f", "rougeL_f")))
     for pair, by_metric in result.get("paired", {}).items():
         d = by_metric["rouge1_f"]
-        print(f"{pair:16s} R1 {d['diff']:+.2f} [{d['low']:+.2f},{d['high']:+.2f}] p={d['p_value']:.3g} (paired)")
+        print(f"{pair:16s} R1 {d['diff']:+.2f} [{d['low']:+.2f},{d['high']:+.2f}] "
+              f"{format_p(d['p_value'], d['resamples'])} (paired)")
     print(f"report: {paths['md']}  chart: {paths['png']}")
 
 

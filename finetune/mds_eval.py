@@ -138,7 +138,7 @@ def evaluate_ranker(cfg, args: argparse.Namespace, local: Path, ref: str) -> dic
     from finetune.mds_data import rank_order, tfidf_scores
     from finetune.ranker_eval import CUTOFFS, ranking_table
     from finetune.ranker_task import all_units_view, load_ranker, score_clusters
-    from finetune.rouge_eval import bootstrap_ci, paired_bootstrap
+    from finetune.rouge_eval import bootstrap_ci, format_p, paired_bootstrap
     from hibert.redact import redact_uri
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -181,7 +181,8 @@ def evaluate_ranker(cfg, args: argparse.Namespace, local: Path, ref: str) -> dic
     lines += ["", "Paired bootstrap (difference of ROUGE-L recall, 95% CI, two-sided p):", "",
               "| pair | " + " | ".join(f"L'={c}" for c in CUTOFFS) + " |", "|---|" + "---|" * len(CUTOFFS)]
     for pair, by_cut in paired.items():
-        lines.append(f"| {pair} | " + " | ".join(f"{d['diff']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}] "
-                                                 f"p={d['p_value']:.3g}" for d in by_cut.values()) + " |")
+        cells = [f"{d['diff']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}] " + format_p(d["p_value"], d["resamples"])
+                 for d in by_cut.values()]
+        lines.append(f"| {pair} | " + " | ".join(cells) + " |")
     (out / "report.md").write_text("\n".join(lines) + "\n")
     return {"payload": payload, "out": out, "meta": report_meta}
