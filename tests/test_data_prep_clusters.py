@@ -1,8 +1,14 @@
 """Cluster datasets: the Multi-News (.src/.tgt and JSONL), WikiSum-style and JSONL cluster readers through
 `hibert prep`, units (paragraphs, windows of <= max_unit_sentences), the ranker's labels against rouge-score,
-the dataset accessors, the manifest (clusters in = kept + skipped), synthetic clusters, and the 12 real
-Multi-News clusters shipped in ../shared."""
+the dataset accessors, the manifest (clusters in = kept + skipped), the same clusters read plain, gzipped and
+through `datasets`, synthetic clusters, and the 12 real Multi-News clusters shipped in ../shared."""
+import gzip
+import hashlib
 import json
+import math
+import os
+import re
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -82,3 +88,157 @@ def test_the_real_multinews_clusters_prepare(tiny_data, tmp_path):
     assert m["counts"]["docs_in"] == 12 and m["counts"]["kept"] == 11 and m["counts"]["skipped"] == {"duplicate": 1}
     ds = DocumentDataset(tmp_path / "mn", "test")
     assert len(ds) == 11 and m["synthetic"] is False and all(ds.unit_scores(i) is not None for i in range(11))
+
+
+# ---------------------------------------------------------- the same clusters: plain, gzipped, through `datasets`
+@pytest.fixture(scope="module")
+def three_ways(tiny_data, tmp_path_factory):
+    """clusters_typed.jsonl (one type per field, so Arrow can load it) read three ways in ONE prep run: the
+    plain JSONL, the same file gzipped (named .jsonl.gz; gzip is sniffed by magic number) and `format: hf`
+    on the plain file (`datasets`' json builder). Dedup off: the three copies are the same clusters."""
+    root = tmp_path_factory.mktemp("three_ways")
+    plain = FIX / "clusters_typed.jsonl"
+    gz = root / "clusters_typed.jsonl.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    fields = "documents_field: documents, summary_field: summary, id_field: id, title_field: title"
+    env = {**os.environ, "HF_DATASETS_CACHE": str(root / "hf_cache")}
+    run_hibert(["prep", f"data.tokenizer.model={tiny_data['open'] / 'tokenizer.model'}", "data.valid_fraction=0",
+                "data.test_fraction=0", "data.max_unit_sentences=2", "data.dedup=false",
+                f"data.output={root / 'ds'}", "data.sources=["
+                f"{{format: jsonl, path: '{plain}', name: plain, {fields}}}, "
+                f"{{format: jsonl, path: '{gz}', name: gz, {fields}}}, "
+                f"{{format: hf, path: '{plain}', name: hf, {fields}}}]"], env=env)
+    return root / "ds", gz
+
+
+def _clusters_by_source(ds) -> dict[str, dict[str, tuple]]:
+    """{source name: {cluster id: everything the dataset stores about the cluster}}."""
+    out: dict[str, dict[str, tuple]] = {}
+    for i in range(len(ds)):
+        name, _, rest = ds.doc_id(i).partition(":")
+        stored = ([s.tolist() for s in ds[i]], ds.sentences_text(i), ds.summary_text(i),
+                  [s.tolist() for s in ds.summary(i)], ds.unit_offsets(i).tolist(), ds.unit_docs(i).tolist(),
+                  ds.unit_scores(i).tolist(), ds.title(i), ds.chunk_index(i))
+        out.setdefault(name, {})[rest] = stored
+    return out
+
+
+def test_gzipped_and_hf_cluster_sources_prepare_the_same_clusters_as_plain_jsonl(three_ways):
+    path, gz = three_ways
+    m = json.loads((path / "manifest.json").read_text())
+    assert m["kind"] == "clusters" and m["synthetic"] is False
+    by_source = {s["name"]: s for s in m["sources"]}
+    # every source: 4 clusters in, t1 and t2 kept, t3 (only empty documents) and t4 (summary null) skipped
+    for name in ("plain", "gz", "hf"):
+        s = by_source[name]
+        assert (s["docs_in"], s["kept"], s["skipped"]) == (4, 2, {"empty": 1, "missing_field": 1}), name
+    assert by_source["gz"]["files"][0]["sha256"] == hashlib.sha256(gz.read_bytes()).hexdigest()
+    c = m["counts"]
+    assert c["docs_in"] == m["clusters"]["clusters_in"] == 12
+    assert c["kept"] == m["clusters"]["kept"] == 6 and m["clusters"]["skipped"] == 6
+    assert m["clusters"]["clusters_in"] == m["clusters"]["kept"] + m["clusters"]["skipped"]
+    assert c["skipped"] == {"empty": 3, "missing_field": 3}
+    # per source, by hand (max_unit_sentences = 2): t1 = doc 0 [2 sentences | 1], its empty 2nd document
+    # dropped, doc 1 (3 sentences) in windows [2 | 1] -> 4 units over 2 documents; t2 = doc 0 [2], doc 1
+    # [1 | 1] -> 3 units over 2 documents
+    assert c["units"] == 3 * (4 + 3) == m["splits"]["train"]["units"]
+    assert c["cluster_documents"] == 3 * (2 + 2)
+    assert c["chunks"] == 6 and c["sentences"] == 3 * (6 + 4)
+
+    ds = DocumentDataset(path, "train")
+    got = _clusters_by_source(ds)
+    assert set(got) == {"plain", "gz", "hf"} and sorted(got["plain"]) == ["t1#0", "t2#0"]
+    assert got["gz"] == got["plain"] and got["hf"] == got["plain"]
+    ids = [ds.doc_id(i) for i in range(len(ds))]
+    assert int(ds.doc_num_units.sum()) == c["units"]
+    t1, t2 = ids.index("hf:t1#0"), ids.index("hf:t2#0")
+    assert ds.unit_docs(t1).tolist() == [0, 0, 1, 1] and ds.unit_offsets(t1).tolist() == [0, 2, 3, 5, 6]
+    assert ds.unit_docs(t2).tolist() == [0, 1, 1] and ds.unit_offsets(t2).tolist() == [0, 2, 3, 4]
+    assert ds.title(t1) == "Bridge reopens" and ds.units_text(t1)[1] == ["Traffic was light in the morning."]
+    assert ds.summary_text(t2) == ["A record harvest is expected and grain prices fell."]
+
+
+# ---------------------------------------------------------- synthetic clusters (data_prep/synthetic_clusters.py)
+SYNTH = [  # (id, split, article): storms, football, one astronomy and one market article with no related one
+    ("a1", "train", "Storm hits coast, cutting power to three towns. Storm winds felled power lines along coast "
+                    "roads."),
+    ("a2", "train", "Coast towns clear fallen trees after storm. Rivers rose and soldiers sent boats."),
+    ("a3", "train", "Power returns to towns days after storm. Crews repaired power lines near coast roads."),
+    ("a4", "train", "Football club wins league final. Fans cheered their coach."),
+    ("a5", "train", "Club sacks football coach after poor league season."),
+    ("a6", "train", "Astronomers measured distant galaxy with new telescope."),
+    ("a7", "train", "Storm hits coast, cutting power to three towns. Storm winds felled power lines along coast "
+                    "roads!"),
+    ("b1", "test", "Storm hits coast, cutting power to three towns. Storm winds felled power lines along coast "
+                   "roads."),
+    ("b2", "test", "Storm left coast towns without power for one week."),
+    ("b3", "test", "Bakers sold bread and cakes at village market."),
+]
+
+
+def _cosines(texts: list[str]) -> np.ndarray:
+    """tf-idf cosine written out: [a-z0-9]+ words of the lowercased text, 1 + log(tf), idf
+    log((1 + n) / (1 + df)) + 1 over the texts given (one split), L2-normalised."""
+    tfs = [Counter(re.findall(r"[a-z0-9]+", t.lower())) for t in texts]
+    df = Counter(w for tf in tfs for w in tf)
+    vecs = [{w: (1 + math.log(c)) * (math.log((1 + len(texts)) / (1 + df[w])) + 1) for w, c in tf.items()}
+            for tf in tfs]
+    norms = [math.sqrt(sum(v * v for v in x.values())) for x in vecs]
+    return np.array([[sum(v * b.get(w, 0.0) for w, v in a.items()) / na / nb for b, nb in zip(vecs, norms)]
+                     for a, na in zip(vecs, norms)])
+
+
+def test_synthetic_clusters_group_related_articles_of_the_same_split(tmp_path):
+    from data_prep.synthetic_clusters import build_clusters, main
+
+    src = tmp_path / "articles.jsonl"
+    lines = [json.dumps({"idx": i, "split": s, "article": t, "highlights": f"summary of {i}"}) for i, s, t in SYNTH]
+    lines[3:3] = ["{not json", json.dumps({"idx": "x1", "split": "train", "article": "No summary here."})]
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "clusters.jsonl"
+    assert main(["--input", str(src), "--output", str(out), "--id-field", "idx", "--split-field", "split",
+                 "--neighbours", "2", "--min-similarity", "0.1", "--max-similarity", "0.9", "--seed", "3"]) == 0
+    clusters = {c["id"]: c for c in map(json.loads, out.read_text().splitlines())}
+    stats = json.loads((tmp_path / "clusters.jsonl.stats.json").read_text())
+
+    # the window by hand: a7 is a copy of a1 (cosine 1 >= 0.9: never a neighbour of a1, nor a1 of a7) and b1
+    # of both, but b1 is in another split; a2 -> a3 (0.162) loses to a1 = a7 (0.164) at m = 2; a5 -> a2, a3
+    # (~0.06) are below 0.1; a6 and b3 share no word with any article of their split
+    want = {"a1": {"a3", "a2"}, "a2": {"a1", "a7"}, "a3": {"a1", "a7"}, "a4": {"a5"}, "a5": {"a4"},
+            "a7": {"a3", "a2"}, "b1": {"b2"}, "b2": {"b1"}}
+    assert {k: set(c["document_ids"]) - {k} for k, c in clusters.items()} == want
+    article = {i: (s, t) for i, s, t in SYNTH}
+    cos = {}
+    for split in ("train", "test"):
+        ids = [i for i, s, _ in SYNTH if s == split]
+        m = _cosines([article[i][1] for i in ids])
+        cos.update({(a, b): m[x, y] for x, a in enumerate(ids) for y, b in enumerate(ids)})
+        for x, a in enumerate(ids):      # the same sets from the written-out cosines: top 2 within [0.1, 0.9)
+            ok = sorted((-m[x, y], b) for y, b in enumerate(ids) if b != a and 0.1 <= m[x, y] < 0.9)
+            assert {b for _, b in ok[:2]} == want.get(a, set()), a
+    for k, c in clusters.items():
+        split, text = article[k]
+        assert c["synthetic"] is True and c["split"] == split and c["summary"] == f"summary of {k}"
+        assert len(c["documents"]) == len(c["document_ids"]) == len(c["similarity"]) == 1 + len(want[k])
+        assert c["document_ids"].count(k) == 1 and len(set(c["document_ids"])) == len(c["document_ids"])
+        t = c["target_doc"]
+        assert c["document_ids"][t] == k and c["documents"][t] == text and c["similarity"][t] == 1.0
+        for j, (d, s) in enumerate(zip(c["document_ids"], c["similarity"])):
+            assert c["documents"][j] == article[d][1] and article[d][0] == split   # same split only
+            if j != t:
+                assert 0.1 <= s < 0.9 and s == pytest.approx(cos[(k, d)], abs=1e-4)
+    assert {c["target_doc"] for c in clusters.values()} != {0}     # the target is not always first
+
+    assert stats["synthetic"] is True and "SYNTHETIC" in stats["description"]
+    assert stats["records_in"] == 12 and stats["written"] == stats["clusters"] == 8
+    assert stats["skipped"] == {"no_related_articles": 2, "malformed_json": 1, "missing_field": 1}
+    assert stats["records_in"] == stats["written"] + sum(stats["skipped"].values())
+    assert stats["skip_examples"] == {"malformed_json": [f"{src}:4"], "missing_field": [f"{src}:5"]}
+    assert stats["neighbours_histogram"] == {"1": 4, "2": 4}
+
+    # with no upper bound copies are neighbours (a1 <-> a7), but an article is still never its own neighbour
+    records = [{"idx": i, "split": s, "article": t, "highlights": "x"} for i, s, t in SYNTH]
+    loose, _ = build_clusters(records, "article", "highlights", "idx", "split", m=2, max_similarity=1.5)
+    loose = {c["id"]: c["document_ids"] for c in loose}
+    assert set(loose["a1"]) == {"a1", "a7", "a3"} and set(loose["a7"]) == {"a7", "a1", "a3"}
+    assert all(ids.count(k) == 1 and len(set(ids)) == len(ids) for k, ids in loose.items())

@@ -185,8 +185,10 @@ def test_global_layers_cluster_is_independent_of_the_batch_and_ranks_matter():
     assert not torch.allclose(enc(y, layout, p1.graph), enc(y, swapped, p1.graph))
 
 
-def _literal_global_layer(layer, x: torch.Tensor, token_unit: torch.Tensor, unit_cluster: torch.Tensor):
-    """Liu & Lapata eq. 13-20 written out unit by unit and head by head (plus the residual and FFN)."""
+def _literal_global_layer(layer, x: torch.Tensor, token_unit: torch.Tensor, unit_cluster: torch.Tensor,
+                          head0: torch.Tensor | None = None):
+    """Liu & Lapata eq. 13-20 written out unit by unit and head by head (plus the residual and FFN). `head0`
+    [U, U]: head 0's attention of unit u over unit o instead of eq. 20's softmax (eq. 24's graph head)."""
     h, d = layer.heads, x.shape[1] // layer.heads
     xn, pool = layer.norm(x), layer.pool
     n_units = len(unit_cluster)
@@ -207,6 +209,8 @@ def _literal_global_layer(layer, x: torch.Tensor, token_unit: torch.Tensor, unit
         for z in range(h):
             scores = torch.stack([proj(u, z, 0) @ proj(o, z, 1) for o in others]) / math.sqrt(d)
             p = scores.exp() / scores.exp().sum()
+            if z == 0 and head0 is not None:
+                p = head0[u, others]
             context[u, z * d:(z + 1) * d] = sum(p_o * proj(o, z, 2) for p_o, o in zip(p, others))  # (20)
     y = x + layer.out(context)[token_unit]
     return y + layer.ffn_out(torch.relu(layer.ffn_in(layer.ffn_norm(y))))
@@ -232,6 +236,142 @@ def test_global_layer_is_liu_lapata_eq_13_to_20_per_head():
     assert not torch.allclose(layer.pool.mix.weight[0], layer.pool.mix.weight[1])
 
 
+# ---------------------------------------------------------------------------------------------- graph / structure
+def _graph_case():
+    """Two clusters (3 units, 2 units + a padding slot), their hand-made unit graphs (self loops 1, not
+    row-normalised, as unit_graph gives them) and the graph head's weights by hand: each row over the
+    cluster's real units divided by its sum, padding rows and columns 0."""
+    clusters = [[[[6, 7], [8]], [[9, 10]], [[11]]], [[[12, 13, 14]], [[15], [16, 17]]]]
+    graphs = [np.array([[1.0, 0.5, 0.0], [0.5, 1.0, 0.3], [0.0, 0.3, 1.0]], np.float32),
+              np.array([[1.0, 0.25], [0.25, 1.0]], np.float32)]
+    want = torch.tensor([[[2 / 3, 1 / 3, 0.0], [5 / 18, 10 / 18, 3 / 18], [0.0, 3 / 13, 10 / 13]],
+                         [[0.8, 0.2, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 0.0]]])
+    return clusters, graphs, want
+
+
+def _perturbed(enc: GlobalEncoder, seed: int) -> GlobalEncoder:
+    """Non-trivial LayerNorm affines and biases (init_weights zeroes biases)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for prm in enc.parameters():
+            prm.add_(0.1 * torch.randn(prm.shape, generator=g))
+    return enc
+
+
+def test_graph_head_attends_with_the_row_normalised_unit_graph():
+    """Eq. 24: head 0's weights over the units are the given graph, row-normalised over the real units of
+    the cluster; the other heads keep eq. 20's softmax; the layer's output is eq. 13-20 written out with
+    head 0's weights replaced by that graph."""
+    clusters, graphs, want = _graph_case()
+    torch.manual_seed(5)
+    layer = _perturbed(GlobalEncoder(16, 4, 32, 0.0, 1, graph_attention=True, rank_embedding=False), 5).eval().layers[0]
+    packed = pack_clusters(clusters, graphs)
+    lay = packed.layout
+    x = torch.randn(packed.units.num_real_tokens, 16)
+    with torch.no_grad():
+        pooled, _ = layer.pool(layer.norm(x), lay)
+        on, _ = layer.unit_weights(pooled, lay, packed.graph)
+        torch.testing.assert_close(on[:, 0], want, atol=1e-6, rtol=0)
+        # whatever the graph holds on padding is not read
+        noisy = packed.graph.clone()
+        noisy[1, 2, :] = noisy[1, :, 2] = 9.0
+        torch.testing.assert_close(layer.unit_weights(pooled, lay, noisy)[0], on)
+        layer.graph_attention = False
+        off, _ = layer.unit_weights(pooled, lay, packed.graph)
+        layer.graph_attention = True
+        torch.testing.assert_close(off[:, 1:], on[:, 1:])          # only head 0 is replaced
+        assert not torch.allclose(off[:, 0], want, atol=1e-3)      # softmax puts weight where the graph has none
+        head0 = torch.zeros(5, 5)
+        head0[:3, :3], head0[3:, 3:] = want[0], want[1, :2, :2]
+        got = layer(x, lay, packed.graph)
+        ref = _literal_global_layer(layer, x, lay.token_unit, lay.unit_cluster, head0)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_graph_attention_on_and_off_share_weights_and_differ_only_through_head_0():
+    clusters, graphs, _ = _graph_case()
+    torch.manual_seed(6)
+    on = _perturbed(GlobalEncoder(16, 4, 32, 0.0, 1, graph_attention=True), 6).eval()
+    off = GlobalEncoder(16, 4, 32, 0.0, 1, graph_attention=False).eval()
+    off.load_state_dict(on.state_dict(), strict=True)               # the graph head adds no parameter
+    packed = pack_clusters(clusters, graphs)
+    lay, graph = packed.layout, packed.graph
+    x = torch.randn(packed.units.num_real_tokens, 16)
+    with torch.no_grad():
+        y_on, y_off = on(x, lay, graph), off(x, lay, graph)
+        assert (y_on - y_off).abs().max() > 1e-3
+        torch.testing.assert_close(off(x, lay, None), y_off)        # off: the graph is not read
+        eye = torch.eye(3).expand(2, 3, 3)
+        assert (on(x, lay, eye) - y_on).abs().max() > 1e-3          # on: another graph, another output
+        with pytest.raises(ValueError, match="unit graph"):
+            on(x, lay, None)
+        for enc in (on, off):                                       # drop head 0's context from the output
+            enc.layers[0].out.weight[:, :4] = 0.0
+        torch.testing.assert_close(on(x, lay, graph), off(x, lay, graph))
+
+
+def test_graph_and_structural_attention_toggle_independently():
+    """The four settings of (graph head, structural attention) on the same weights: each switch changes the
+    output on its own; structural attention only adds its term (zeroed, the output is the one without it,
+    graph head on or off) and the graph head acts only through head 0 (with head 0's context dropped, the
+    output is the one without it, structural attention on or off)."""
+    clusters, graphs, _ = _graph_case()
+    torch.manual_seed(7)
+    full = _perturbed(GlobalEncoder(16, 4, 32, 0.0, 1, graph_attention=True, structural_attention=True), 7)
+    packed = pack_clusters(clusters, graphs)
+    lay = packed.layout
+    x = torch.randn(packed.units.num_real_tokens, 16)
+    settings = [(g, s) for g in (False, True) for s in (False, True)]
+    encs = {}
+    for g, s in settings:
+        enc = GlobalEncoder(16, 4, 32, 0.0, 1, graph_attention=g, structural_attention=s).eval()
+        res = enc.load_state_dict(full.state_dict(), strict=False)
+        assert res.missing_keys == []
+        assert all(".structure." in k for k in res.unexpected_keys) and bool(res.unexpected_keys) == (not s)
+        assert enc.layers[0].graph_attention == g and (enc.layers[0].structure is not None) == s
+        encs[g, s] = enc
+    # structural attention alone needs no graph
+    run = lambda: {(g, s): encs[g, s](x, lay, packed.graph if g else None) for g, s in settings}  # noqa: E731
+    with torch.no_grad():
+        y = run()
+        for a, b in itertools.combinations(settings, 2):
+            assert (y[a] - y[b]).abs().max() > 1e-3, (a, b)
+        for g in (False, True):
+            encs[g, True].layers[0].structure.out.weight.zero_()
+            encs[g, True].layers[0].structure.out.bias.zero_()
+        y = run()
+        for g in (False, True):
+            torch.testing.assert_close(y[g, True], y[g, False])
+        for s in (False, True):
+            assert (y[True, s] - y[False, s]).abs().max() > 1e-3
+            for g in (False, True):
+                encs[g, s].layers[0].out.weight[:, :4] = 0.0
+        y = run()
+        for s in (False, True):
+            torch.testing.assert_close(y[True, s], y[False, s])
+
+
+@pytest.mark.parametrize("graph,structure", [(False, False), (True, False), (False, True), (True, True)])
+def test_mds_config_switches_the_graph_head_and_structural_attention_separately(graph, structure):
+    model = HibertMDS(ENC, DecoderConfig(layers=1, dropout=0.0, max_positions=64),
+                      MDSConfig(global_layers=2, graph_attention=graph, structural_attention=structure))
+    for layer in model.global_encoder.layers:
+        assert layer.graph_attention == graph and (layer.structure is not None) == structure
+    assert any(".structure." in k for k in model.state_dict()) == structure
+    clusters = _clusters(8)
+    targets = _targets(9, len(clusters))
+    if graph:
+        with pytest.raises(ValueError, match="unit graph"):
+            model(make_mds_batch(clusters, targets))
+    out = model(make_mds_batch(clusters, targets, _graphs(clusters) if graph else None))
+    assert torch.isfinite(out.loss)
+    out.loss.backward()
+    if structure:
+        grads = [p.grad for layer in model.global_encoder.layers for p in layer.structure.parameters()]
+        assert all(g is not None and torch.isfinite(g).all() for g in grads)
+        assert sum(float(g.abs().sum()) for g in grads) > 0
+
+
 def test_exports_without_global_layer_form_load_as_v0():
     from finetune.mds_inference import stored_mds_config
 
@@ -245,7 +385,8 @@ def test_exports_without_global_layer_form_load_as_v0():
 
 def _model(cross: str = "flat", copy: bool = False, structure: bool = False, layers: int = 1, seed: int = 0,
            **mds) -> HibertMDS:
-    """Tiny summarizer; `structure` switches on both the graph head and structural attention."""
+    """Tiny summarizer; `structure` switches on both the graph head and structural attention (each on its
+    own: test_graph_and_structural_attention_toggle_independently and the MDS config test below it)."""
     torch.manual_seed(seed)
     dec = DecoderConfig(layers=1, cross_attention=cross, copy=copy, dropout=0.0, max_positions=64)
     return HibertMDS(ENC, dec, MDSConfig(global_layers=layers, graph_attention=structure,
