@@ -59,7 +59,7 @@ class DocumentDataset:
         n = len(self._index)
         if not -n <= i < n:
             raise IndexError(f"chunk {i} out of range for {n} chunks")
-        shard, local = (int(x) for x in self._index[i])
+        shard, local = self._index[i].tolist()
         part = self._parts.get(shard)
         if part is None:
             part = self._parts[shard] = ShardPart(self.dir / self.split / shard_name(shard))
@@ -69,6 +69,12 @@ class DocumentDataset:
         part, j = self._locate(i)
         a, b = part.chunk_sentences(j)
         return part.token_arrays(a, b, part.tokens, part.sent_offsets)
+
+    def flat(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Chunk i as (its tokens back to back, int32, a copy; tokens per sentence, int64)."""
+        part, j = self._locate(i)
+        a, b = part.chunk_sentences(j)
+        return part.token_flat(a, b, part.tokens, part.sent_offsets)
 
     def sentences_text(self, i: int) -> list[str]:
         part, j = self._locate(i)

@@ -198,17 +198,17 @@ class ShardPart:
 
     def __init__(self, directory: Path):
         self.dir = Path(directory)
-        self._arrays: dict[str, np.ndarray] = {}
 
     def __getattr__(self, name: str) -> np.ndarray:
+        """Only called for names not yet set: map `<name>.npy` once and keep it as a plain attribute, so
+        later reads are ordinary attribute lookups (the loader reads a few arrays per document)."""
         if name.startswith("_") or name == "dir":
             raise AttributeError(name)
-        arr = self._arrays.get(name)
-        if arr is None:
-            path = self.dir / f"{name}.npy"
-            if not path.is_file():
-                raise AttributeError(f"{self.dir} has no {name}.npy")
-            arr = self._arrays[name] = load_array(path)
+        path = self.dir / f"{name}.npy"
+        if not path.is_file():
+            raise AttributeError(f"{self.dir} has no {name}.npy")
+        arr = load_array(path)
+        setattr(self, name, arr)
         return arr
 
     @staticmethod
@@ -226,6 +226,12 @@ class ShardPart:
         flat = np.array(tokens[o[0]:o[-1]], dtype=np.int32)   # one copy out of the memmap
         cuts = (o - o[0]).tolist()
         return [flat[x:y] for x, y in zip(cuts[:-1], cuts[1:])]  # views; np.split is 5x slower here
+
+    @staticmethod
+    def token_flat(a: int, b: int, tokens: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Sentences a..b-1 as (their tokens back to back, int32, a copy; tokens per sentence, int64)."""
+        o = offsets[a:b + 1]
+        return np.array(tokens[o[0]:o[-1]], dtype=np.int32), (o[1:] - o[:-1]).astype(np.int64, copy=False)
 
     def src_id(self, src: int) -> str:
         return self._strings(self.src_ids, self.src_id_offsets, src, src + 1)[0]

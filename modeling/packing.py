@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 from torch import Tensor
+from torch.utils.data import get_worker_info
 
 from hibert.tokens import EOS_ID, PAD_ID
 
@@ -44,37 +45,62 @@ class TensorBundle:
     def pin_memory(self):
         return self._map(lambda t: t.pin_memory())
 
-    def __reduce__(self):
-        """Pickle the CPU tensor fields as ONE byte buffer. A DataLoader worker hands its batch over through
-        torch's shared-memory reduction, which costs a segment and a file descriptor per tensor (~0.3 ms
-        each, ~20 tensors a batch); one buffer makes that a single segment. Views are rebuilt on arrival."""
-        names, tensors, others = [], [], {}
+    def _layout(self, tensors: list[Tensor]) -> tuple[type, dict[str, tuple[str, Any]]]:
+        """This bundle's fields as ('t', index into `tensors`) | ('b', a nested bundle's layout) | ('v', value);
+        the tensors are appended to `tensors` in field order."""
+        fields: dict[str, tuple[str, Any]] = {}
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             value = getattr(self, f.name)
             if isinstance(value, Tensor):
-                names.append(f.name)
+                fields[f.name] = ("t", len(tensors))
                 tensors.append(value)
+            elif isinstance(value, TensorBundle):
+                fields[f.name] = ("b", value._layout(tensors))
             else:
-                others[f.name] = value
+                fields[f.name] = ("v", value)
+        return type(self), fields
+
+    def __reduce__(self):
+        """Pickle every CPU tensor of the bundle, nested bundles included, as ONE byte buffer. A DataLoader
+        worker hands its batch over through torch's shared-memory reduction, which costs a segment and a
+        file descriptor per storage (~0.3 ms each, ~20 tensors a batch) and copies a private buffer into a
+        new segment; here the buffer is allocated in shared memory and filled once (one copy, one
+        segment). Views are rebuilt on arrival."""
+        tensors: list[Tensor] = []
+        layout = self._layout(tensors)
         if not tensors or any(t.device.type != "cpu" or t.requires_grad for t in tensors):
-            return _rebuild_plain, (type(self), {**others, **dict(zip(names, tensors))})
-        parts, specs, offset = [], [], 0
-        for name, t in zip(names, tensors):
-            raw = t.contiguous().reshape(-1).view(torch.uint8)
-            pad = -raw.numel() % 8                     # keep every view 8-byte aligned
-            parts += [raw, torch.zeros(pad, dtype=torch.uint8)] if pad else [raw]
-            specs.append((name, t.dtype, tuple(t.shape), offset, raw.numel()))
-            offset += raw.numel() + pad
-        return _rebuild_bundle, (type(self), torch.cat(parts), specs, others)
+            return _rebuild_plain, (type(self), {f.name: getattr(self, f.name)
+                                                 for f in dataclasses.fields(self)})  # type: ignore[arg-type]
+        specs, offset = [], 0
+        for t in tensors:
+            size = t.numel() * t.element_size()
+            specs.append((t.dtype, tuple(t.shape), offset, size))
+            offset += size + (-size % 8)               # keep every view 8-byte aligned
+        buffer = _byte_buffer(offset, shared=get_worker_info() is not None)
+        for t, (dtype, shape, off, size) in zip(tensors, specs):
+            buffer[off:off + size].view(dtype).view(shape).copy_(t)
+        return _rebuild_bundle, (buffer, layout, specs)
+
+
+def _byte_buffer(size: int, shared: bool) -> Tensor:
+    """An uninitialised uint8 buffer; in shared memory when it is going to another process."""
+    if not shared:
+        return torch.empty(size, dtype=torch.uint8)
+    return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(size))
 
 
 def _rebuild_plain(cls, fields: dict[str, Any]):
     return cls(**fields)
 
 
-def _rebuild_bundle(cls, buffer: Tensor, specs: list, others: dict[str, Any]):
-    fields = {name: buffer[off:off + size].view(dtype).view(shape) for name, dtype, shape, off, size in specs}
-    return cls(**fields, **others)
+def _rebuild_bundle(buffer: Tensor, layout: tuple, specs: list):
+    views = [buffer[off:off + size].view(dtype).view(shape) for dtype, shape, off, size in specs]
+
+    def build(cls, fields: dict[str, tuple[str, Any]]):
+        return cls(**{name: views[x] if kind == "t" else build(*x) if kind == "b" else x
+                      for name, (kind, x) in fields.items()})
+
+    return build(*layout)
 
 
 @dataclass
@@ -138,18 +164,22 @@ def cumulative(lens: np.ndarray) -> Tensor:
     return torch.from_numpy(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
 
 
-def _flatten(docs: Sequence[Document]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """All words back to back (int64), words per sentence, sentences per document."""
-    if len(docs) == 0:
-        raise ValueError("a batch needs at least one document")
+def flatten_documents(docs: Sequence[Document]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All words back to back (int64), words per sentence, sentences per document: the flat form
+    `pack_flat` takes."""
     doc_lens = np.fromiter((len(d) for d in docs), dtype=np.int64, count=len(docs))
-    if (doc_lens == 0).any():
-        raise ValueError(f"document {int(np.argmin(doc_lens))} has no sentences")
     sents = [s for d in docs for s in d]
     word_lens = np.fromiter((len(s) for s in sents), dtype=np.int64, count=len(sents))
     # one concatenation and one cast for the batch, not one array per sentence (DataLoader hot path)
     words = np.concatenate(sents).astype(np.int64, copy=False) if word_lens.sum() else np.empty(0, np.int64)
     return words, word_lens, doc_lens
+
+
+def _check_doc_lens(doc_lens: np.ndarray) -> None:
+    if len(doc_lens) == 0:
+        raise ValueError("a batch needs at least one document")
+    if (doc_lens <= 0).any():
+        raise ValueError(f"document {int(np.argmin(doc_lens))} has no sentences")
 
 
 def _fill_tokens(words: np.ndarray, word_lens: np.ndarray, slots: np.ndarray, cols: np.ndarray,
@@ -165,9 +195,20 @@ def _fill_tokens(words: np.ndarray, word_lens: np.ndarray, slots: np.ndarray, co
 def pack_documents(docs: Sequence[Document], pad_to_multiple: int = 8) -> PackedDocuments:
     """Pack documents (lists of sentences of token ids, no specials) into the padding-free layout.
     EOS_ID is appended to every sentence: its hidden state is the sentence vector (HIBERT §3.1)."""
-    words, word_lens, doc_lens = _flatten(docs)
+    return pack_flat(*flatten_documents(docs), pad_to_multiple=pad_to_multiple)
+
+
+def pack_flat(words: np.ndarray, word_lens: np.ndarray, doc_lens: np.ndarray,
+              pad_to_multiple: int = 8) -> PackedDocuments:
+    """`pack_documents` from the flat form: every word back to back (int64), words per sentence,
+    sentences per document (DataLoader workers build this form directly, without per-sentence arrays)."""
+    word_lens, doc_lens = np.asarray(word_lens, dtype=np.int64), np.asarray(doc_lens, dtype=np.int64)
+    _check_doc_lens(doc_lens)
+    if int(doc_lens.sum()) != len(word_lens) or int(word_lens.sum()) != len(words):
+        raise ValueError(f"{len(words)} words, {int(word_lens.sum())} in the sentence lengths; {len(word_lens)} "
+                         f"sentences, {int(doc_lens.sum())} in the document lengths")
     lens = word_lens + 1
-    num_rows, num_docs = len(word_lens), len(docs)
+    num_rows, num_docs = len(word_lens), len(doc_lens)
     width = round_up(int(lens.max()), pad_to_multiple)
     token_slot, token_pos = ragged_slots(lens, width)
     tokens = _fill_tokens(words, word_lens, token_slot, token_pos, num_rows * width)
@@ -199,7 +240,8 @@ def pad_documents(docs: Sequence[Document], max_sentences: int = 30, max_tokens:
     `max_tokens` + 1 (EOS) slots, and every slot computed, as a [B, 30, 50]-style implementation would.
     Rows of document b are b * max_sentences + position. Empty rows let their PAD slot be a key so that
     no attention row is fully masked; their outputs are never looked at."""
-    words, word_lens, doc_lens = _flatten(docs)
+    words, word_lens, doc_lens = flatten_documents(docs)
+    _check_doc_lens(doc_lens)
     if doc_lens.max() > max_sentences or word_lens.max() > max_tokens:
         raise ValueError(f"documents must be cut to {max_sentences} sentences of {max_tokens} tokens first")
     num_docs, width = len(docs), max_tokens + 1

@@ -14,8 +14,8 @@ from hibert.config.model import ModelConfig
 from hibert.tokens import BOS_ID, EOS_ID, PAD_ID
 from modeling.encoder import HibertEncoder
 from modeling.layers import Layout, TransformerStack, init_weights
-from modeling.packing import (Document, PackedDocuments, Sentence, TensorBundle, cumulative, pack_documents,
-                              pad_documents, ragged_slots, round_up)
+from modeling.packing import (Document, PackedDocuments, Sentence, TensorBundle, cumulative, flatten_documents,
+                              pack_flat, pad_documents, ragged_slots, round_up)
 
 IGNORE_INDEX = -100  # label of decoder slots that are padding (padded reference layout only)
 
@@ -52,19 +52,24 @@ def _check_targets(masked_docs: Sequence[Document], target_positions: Sequence[S
 
 def _decoder_fields(target_sentences: Sequence[Sequence[Sentence]], row_of: np.ndarray,
                     width: int | None, pad_to_multiple: int) -> dict:
-    """Flat decoder stream. `row_of[m]` is the docs row of target m; `width` None = packed
-    (Td rounded up from the longest target), else the padded reference with every slot computed."""
-    words = [s for sents in target_sentences for s in sents]
-    word_lens = np.fromiter((len(w) for w in words), dtype=np.int64, count=len(words))
+    """`_decoder_stream` of target sentences given as arrays (one list of sentences per document)."""
+    flat_words, word_lens, _ = flatten_documents(target_sentences)
+    return _decoder_stream(flat_words, word_lens, row_of, width, pad_to_multiple)
+
+
+def _decoder_stream(flat_words: np.ndarray, word_lens: np.ndarray, row_of: np.ndarray,
+                    width: int | None, pad_to_multiple: int) -> dict:
+    """Flat decoder stream from the targets' words back to back and their lengths. `row_of[m]` is the
+    docs row of target m; `width` None = packed (Td rounded up from the longest target), else the padded
+    reference with every slot computed."""
     lens = word_lens + 1
-    m = len(words)
+    m = len(word_lens)
     padded = width is not None
     if not padded:
         width = round_up(int(lens.max(initial=1)), pad_to_multiple)
     elif word_lens.max(initial=0) >= width:
         raise ValueError(f"target sentences must be cut to {width - 1} tokens first")
     slot, pos = ragged_slots(lens, width)
-    flat_words = np.concatenate(words).astype(np.int64, copy=False) if word_lens.sum() else np.empty(0, np.int64)
     inputs = np.full(len(slot), BOS_ID, dtype=np.int64)
     inputs[pos > 0] = flat_words
     labels = np.full(len(slot), EOS_ID, dtype=np.int64)
@@ -92,10 +97,30 @@ def make_pretrain_batch(masked_docs: Sequence[Document], target_positions: Seque
     `target_positions[b]`: indices of the selected sentences of document b; `target_sentences[b]`: their
     ORIGINAL token ids (no specials), in the same order."""
     _check_targets(masked_docs, target_positions, target_sentences)
-    docs = pack_documents(masked_docs, pad_to_multiple)
-    first_row = np.cumsum(docs.doc_lens.numpy()) - docs.doc_lens.numpy()
+    words, word_lens, doc_lens = flatten_documents(masked_docs)
+    first_row = np.cumsum(doc_lens) - doc_lens
     row_of = np.concatenate([first_row[b] + np.asarray(p, dtype=np.int64) for b, p in enumerate(target_positions)])
-    return PretrainBatch(docs=docs, **_decoder_fields(target_sentences, row_of, None, pad_to_multiple))
+    target_words, target_word_lens, _ = flatten_documents(target_sentences)
+    return make_pretrain_batch_flat(words, word_lens, doc_lens, row_of, target_words, target_word_lens,
+                                    pad_to_multiple)
+
+
+def make_pretrain_batch_flat(words: np.ndarray, word_lens: np.ndarray, doc_lens: np.ndarray,
+                             target_rows: np.ndarray, target_words: np.ndarray, target_word_lens: np.ndarray,
+                             pad_to_multiple: int = 8) -> PretrainBatch:
+    """`make_pretrain_batch` from flat arrays (what DataLoader workers build, no per-sentence arrays):
+    the masked documents as `pack_flat` takes them, `target_rows[m]` = the row (sentence index over the
+    whole batch) target m was selected at, its ORIGINAL words back to back in `target_words`."""
+    docs = pack_flat(words, word_lens, doc_lens, pad_to_multiple)
+    target_rows = np.asarray(target_rows, dtype=np.int64)
+    target_word_lens = np.asarray(target_word_lens, dtype=np.int64)
+    if len(target_rows) != len(target_word_lens) or int(target_word_lens.sum()) != len(target_words):
+        raise ValueError(f"{len(target_rows)} target rows, {len(target_word_lens)} target lengths summing to "
+                         f"{int(target_word_lens.sum())}, {len(target_words)} target words")
+    if len(target_rows) and not (0 <= target_rows.min() and target_rows.max() < docs.num_sentences):
+        raise ValueError(f"target rows must lie in 0..{docs.num_sentences - 1}")
+    return PretrainBatch(docs=docs, **_decoder_stream(np.asarray(target_words, dtype=np.int64), target_word_lens,
+                                                      target_rows, None, pad_to_multiple))
 
 
 def make_padded_pretrain_batch(masked_docs: Sequence[Document], target_positions: Sequence[Sequence[int]],

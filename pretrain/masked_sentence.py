@@ -8,7 +8,7 @@ import torch
 
 from hibert.config import Config
 from hibert.config.model import ModelConfig
-from pretrain.objective import mask_document, other_document_sentence
+from pretrain.objective import mask_batch
 from pretrain.task import LoaderItem, TokenNLLTask
 
 
@@ -50,15 +50,12 @@ class MaskedSentenceTask(TokenNLLTask):
         return model
 
     def make_item(self, dataset, doc_indices: np.ndarray, epoch: int) -> LoaderItem:
-        from modeling import flops_per_batch, make_pretrain_batch
+        from modeling import flops_per_batch
+        from modeling.pretraining import make_pretrain_batch_flat
 
-        masked, positions, targets = [], [], []
-        for i in doc_indices.tolist():
-            doc = mask_document(dataset[i], self.spec, self.seed, epoch, i, other_document_sentence(dataset, i))
-            masked.append(doc.sentences)
-            positions.append(doc.positions)
-            targets.append(doc.targets)
-        batch = make_pretrain_batch(masked, positions, targets)
+        m = mask_batch(dataset, doc_indices, self.spec, self.seed, epoch)
+        batch = make_pretrain_batch_flat(m.words, m.word_lens, m.doc_lens, m.target_rows, m.target_words,
+                                         m.target_word_lens)
         d = batch.docs  # lengths incl. EOS per sentence, BOS.. / ..EOS per target
         flops = flops_per_batch(self.model_cfg, d.sent_lens, d.doc_lens, batch.target_lens, backward=True)
         return LoaderItem(batch, real_tokens=d.num_real_tokens + batch.num_target_tokens, flops=flops,

@@ -150,3 +150,57 @@ def test_checkpoint_verify_detects_missing_marker_and_truncation(tmp_path):
     (tag / "a.pt").write_bytes(b"x" * 50)
     ok, why = verify(tag)
     assert not ok and "truncated" in why
+
+
+def _per_document_batch(docs, idx, spec, seed, epoch):
+    """The reference: mask_document on each document's sentence arrays, then make_pretrain_batch."""
+    from modeling import make_pretrain_batch
+
+    masked = [mask_document(docs[i], spec, seed, epoch, i, other_document_sentence(docs, i)) for i in idx]
+    return make_pretrain_batch([m.sentences for m in masked], [m.positions for m in masked],
+                               [m.targets for m in masked]), masked
+
+
+def test_batch_masking_equals_per_document_masking():
+    """mask_batch (flat, the loader's path) draws exactly what mask_document draws: same masks, same
+    random sentences, same targets, every field of the packed batch equal."""
+    from modeling.pretraining import make_pretrain_batch_flat
+    from pretrain.objective import mask_batch
+    from test_modeling_packing import _assert_same_bundle
+
+    docs = _docs(300, seed=3)
+    spec = ObjectiveConfig(mask_prob=0.4, keep_prob=0.2, random_prob=0.4, select_ratio=0.3)
+    idx = np.random.default_rng(0).choice(len(docs), size=64, replace=False)
+    m = mask_batch(docs, idx, spec, 5, 2)
+    fast = make_pretrain_batch_flat(m.words, m.word_lens, m.doc_lens, m.target_rows, m.target_words,
+                                    m.target_word_lens)
+    ref, masked = _per_document_batch(docs, idx, spec, 5, 2)
+    actions = [a for x in masked for a in x.actions]
+    assert {MASK, KEEP, RANDOM} <= set(actions)
+    random_lens_differ = any(len(x.sentences[p]) != len(docs[i][p])
+                             for i, x in zip(idx, masked) for p, a in zip(x.positions, x.actions) if a == RANDOM)
+    assert random_lens_differ  # the splice of a sentence of another length is exercised
+    _assert_same_bundle(fast, ref)
+
+
+def test_loader_item_equals_per_document_masking_on_prepared_shards(tiny_data):
+    """The task's make_item over the shards' flat reads equals the per-document reference."""
+    from data_prep import DocumentDataset
+    from hibert.config import load_config
+    from modeling import flops_per_batch
+    from pretrain.masked_sentence import MaskedSentenceTask
+    from test_modeling_packing import _assert_same_bundle
+
+    ds = DocumentDataset(tiny_data["open"], "train")
+    cfg = load_config(None, ["model=hibert_tiny", "objective.mask_prob=0.5", "objective.keep_prob=0.2",
+                             "objective.random_prob=0.3"])
+    task = MaskedSentenceTask(cfg, 600)
+    idx = np.arange(len(ds))[::-1].copy()
+    item = task.make_item(ds, idx, 4)
+    ref, _ = _per_document_batch(ds, idx, cfg.objective, cfg.schedule.seed, 4)
+    _assert_same_bundle(item.batch, ref)
+    d = ref.docs
+    assert item.flops == flops_per_batch(task.model_config(), d.sent_lens, d.doc_lens, ref.target_lens)
+    assert item.real_tokens == d.num_real_tokens + ref.num_target_tokens
+    flat, lens = ds.flat(3)
+    assert [x.tolist() for x in np.split(flat, np.cumsum(lens)[:-1])] == [x.tolist() for x in ds[3]]
