@@ -84,8 +84,8 @@ def load_abstractive(export_dir: Path, device: torch.device | str = "cpu") -> tu
     """(model in eval mode on `device`, settings) from an export written by the abstractive task."""
     from safetensors.torch import load_file
 
-    from finetune.abstractive_task import DECODER_CONFIG, DECODER_WEIGHTS, GENERATION_CONFIG
-    from hibert.config.abstractive import DecoderConfig, GenerationConfig
+    from finetune.abstractive_task import DECODER_CONFIG, DECODER_WEIGHTS
+    from hibert.config.abstractive import DecoderConfig
     from modeling.abstractive import HibertAbstractive
     from pretrain.export import load_encoder, read_export
 
@@ -102,8 +102,26 @@ def load_abstractive(export_dir: Path, device: torch.device | str = "cpu") -> tu
     if missing or unexpected:
         raise ValueError(f"{export_dir}/{DECODER_WEIGHTS} does not fit the decoder of {DECODER_CONFIG}: "
                          f"missing {missing[:5]}, unexpected {unexpected[:5]}")
-    gen_path = export_dir / GENERATION_CONFIG
-    generation = GenerationConfig.model_validate(json.loads(gen_path.read_text())) if gen_path.is_file() \
-        else GenerationConfig()
-    return model.to(device).eval(), {**meta, "generation": generation, "decoder": settings,
+    return model.to(device).eval(), {**meta, "generation": stored_generation(export_dir), "decoder": settings,
                                      "model": model_cfg.model_dump()}
+
+
+def stored_generation(export_dir: Path):
+    """The decoding settings an abstractive (or mds) export was written with (generation.json; the defaults
+    when it has none) — read without loading any weights."""
+    from finetune.abstractive_task import GENERATION_CONFIG
+    from hibert.config.abstractive import GenerationConfig
+
+    path = Path(export_dir) / GENERATION_CONFIG
+    return GenerationConfig.model_validate(json.loads(path.read_text())) if path.is_file() else GenerationConfig()
+
+
+def decoder_max_positions(export_dir: Path) -> int:
+    """The decoder's target positions (decoder.max_positions of abstractive.json), without loading weights."""
+    from finetune.abstractive_task import DECODER_CONFIG
+    from hibert.config.abstractive import DecoderConfig
+
+    path = Path(export_dir) / DECODER_CONFIG
+    if not path.is_file():
+        raise FileNotFoundError(f"{export_dir} holds no abstractive decoder ({DECODER_CONFIG})")
+    return DecoderConfig.model_validate(json.loads(path.read_text())["decoder"]).max_positions

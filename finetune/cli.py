@@ -136,23 +136,36 @@ def _model_ref(cfg: Config, ref: str | None) -> str:
 
 
 def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
+    import sys
+
     import torch
 
     from data_prep import DocumentDataset
+    from finetune.abstractive_eval import (DecodingFlagError, check_generation_flags, evaluate_abstractive,
+                                           generation_for_export, is_abstractive_export)
     from finetune.evaluation import (chunk_to_doc_scores, documents, evaluate_systems, tune_selection,
                                      write_report)
     from finetune.inference import load_extractive, score_split
+    from finetune.mds_inference import is_mds_export
     from hibert.redact import redact_uri
     from hibert.registry import resolve_model, tracking_uri
     from pretrain.trainer import file_hash
 
     log = logging.getLogger("hibert.evaluate")
+    try:  # decoding flags that cannot work fail first, on one line naming the flag
+        check_generation_flags(args)
+    except DecodingFlagError as e:
+        print(f"hibert evaluate: {e}", file=sys.stderr)
+        return 2
     uri = tracking_uri(cfg.tracking.uri, cfg.run.output_dir)
     ref = _model_ref(cfg, args.model)
     local = resolve_model(ref, uri, cfg.run_dir / "eval-model")
-    from finetune.abstractive_eval import evaluate_abstractive, is_abstractive_export
-    from finetune.mds_inference import is_mds_export
-
+    if is_abstractive_export(local):  # (mds exports too) the flags against the model's settings, before it loads
+        try:
+            generation_for_export(local, args)
+        except DecodingFlagError as e:
+            print(f"hibert evaluate: {e}", file=sys.stderr)
+            return 2
     if DocumentDataset(cfg.data.dataset_dir, args.split).is_clusters:
         return _evaluate_clusters(cfg, args, local, ref, uri)
     if is_mds_export(local) or (local / "ranker.json").is_file():
@@ -271,8 +284,8 @@ def add_summarize_arguments(p: argparse.ArgumentParser) -> None:
     add_generation_arguments(p)
 
 
-def _summarize_clusters(cfg: Config, args: argparse.Namespace, local: Path, inputs, device: str) -> int:
-    from finetune.abstractive_eval import generation_from_args
+def _summarize_clusters(cfg: Config, args: argparse.Namespace, local: Path, inputs, device: str, gen) -> int:
+    """`gen`: the export's generation settings with the flags on top (checked before any weights load)."""
     from finetune.summarize import ClusterSummarizer
     from hibert.registry import resolve_model, tracking_uri
 
@@ -283,11 +296,11 @@ def _summarize_clusters(cfg: Config, args: argparse.Namespace, local: Path, inpu
     ranker_dir = None
     if ranking not in RANKINGS:
         ranker_dir = resolve_model(ranking, tracking_uri(cfg.tracking.uri, cfg.run.output_dir), cfg.run_dir / "summarize-ranker")
-    summarizer = ClusterSummarizer(local, device, cfg.data.segmenter.stanza_dir, lambda base: generation_from_args(base, args),
-                                   ranking, ranker_dir)
+    summarizer = ClusterSummarizer(local, device, cfg.data.segmenter.stanza_dir, lambda base: gen, ranking, ranker_dir)
     for s in summarizer.summarize_all(inputs):
         if args.json:
-            print(json.dumps({"id": s.doc_id, "summary": s.sentences, "num_sentences": s.num_sentences, "note": s.note}))
+            print(json.dumps({"id": s.doc_id, "summary": s.sentences, "num_sentences": s.num_sentences, "note": s.note,
+                              **({} if s.subwords is None else {"subwords": s.subwords})}))
         else:
             print(f"# {s.doc_id}: {len(s.sentences)}-sentence abstract of a cluster ({s.note})")
             print("\n".join(s.sentences) if s.sentences else "(no summary: the cluster has no sentences)"
@@ -300,13 +313,19 @@ def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
 
     import torch
 
-    from finetune.abstractive_eval import generation_from_args, is_abstractive_export
+    from finetune.abstractive_eval import (DecodingFlagError, check_generation_flags, generation_for_export,
+                                           is_abstractive_export)
     from finetune.summarize import AbstractiveSummarizer, InputError, Summarizer, read_documents
     from hibert.registry import resolve_model, tracking_uri
 
     from finetune.mds_inference import is_mds_export
     from finetune.summarize import read_clusters
 
+    try:  # decoding flags that cannot work fail first, on one line naming the flag
+        check_generation_flags(args)
+    except DecodingFlagError as e:
+        print(f"hibert summarize: {e}", file=sys.stderr)
+        return 2
     ref = _model_ref(cfg, args.model)
     sources = args.input or ["-"]
     try:
@@ -325,19 +344,24 @@ def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
     except InputError as e:
         print(f"hibert summarize: {e}", file=sys.stderr)
         return 2
+    gen = None
     try:
         if local is None:
             raise load_error
+        if is_abstractive_export(local):  # (mds exports too) the flags against the model's settings: still no weights
+            gen = generation_for_export(local, args)
         if clusters:
-            return _summarize_clusters(cfg, args, local, inputs, device="cuda" if torch.cuda.is_available() else "cpu")
+            return _summarize_clusters(cfg, args, local, inputs, "cuda" if torch.cuda.is_available() else "cpu", gen)
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        if is_abstractive_export(local):
-            abstractive = AbstractiveSummarizer(local, device, cfg.data.segmenter.stanza_dir,
-                                                lambda base: generation_from_args(base, args))
+        if gen is not None:
+            abstractive = AbstractiveSummarizer(local, device, cfg.data.segmenter.stanza_dir, lambda base: gen)
             summaries = iter(abstractive.summarize_all(inputs))
             summarizer = lambda doc_id, text, k: next(summaries)  # noqa: E731 (decoded in batches above)
         else:
             summarizer = Summarizer(local, device, cfg.data.segmenter.stanza_dir)
+    except DecodingFlagError as e:
+        print(f"hibert summarize: {e}", file=sys.stderr)
+        return 2
     except (FileNotFoundError, ValueError) as e:
         print(f"hibert summarize: cannot load model {ref!r}: {e}", file=sys.stderr)
         return 2
@@ -346,7 +370,8 @@ def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
             s = summarizer(doc_id, text, args.k)
             if args.json:
                 print(json.dumps({"id": s.doc_id, "summary": s.sentences, "indices": s.indices,
-                                  "num_sentences": s.num_sentences, "note": s.note}))
+                                  "num_sentences": s.num_sentences, "note": s.note,
+                                  **({} if s.subwords is None else {"subwords": s.subwords})}))
             else:
                 note = f" ({s.note})" if s.note else ""
                 what = (f"{len(s.sentences)}-sentence abstract of {s.num_sentences} sentences" if s.indices == []

@@ -33,9 +33,10 @@ def load_mds(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torc
     """(HibertMDS in eval mode on `device`, settings) from an export written by the mds task."""
     from safetensors.torch import load_file
 
-    from finetune.abstractive_task import DECODER_CONFIG, DECODER_WEIGHTS, GENERATION_CONFIG
+    from finetune.abstractive_inference import stored_generation
+    from finetune.abstractive_task import DECODER_CONFIG, DECODER_WEIGHTS
     from finetune.mds_task import MDS_CONFIG
-    from hibert.config.abstractive import DecoderConfig, GenerationConfig
+    from hibert.config.abstractive import DecoderConfig
     from modeling.mds import HibertMDS
     from pretrain.export import load_encoder, read_export
 
@@ -54,11 +55,8 @@ def load_mds(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torc
     if missing or unexpected:
         raise ValueError(f"{export_dir}/{DECODER_WEIGHTS} does not fit the model of {MDS_CONFIG}: "
                          f"missing {missing[:5]}, unexpected {unexpected[:5]}")
-    gen_path = export_dir / GENERATION_CONFIG
-    generation = GenerationConfig.model_validate(json.loads(gen_path.read_text())) if gen_path.is_file() \
-        else GenerationConfig()
-    return model.to(device).eval(), {**meta, "generation": generation, "decoder": settings, "mds": mds,
-                                     "model": model_cfg.model_dump()}
+    return model.to(device).eval(), {**meta, "generation": stored_generation(export_dir), "decoder": settings,
+                                     "mds": mds, "model": model_cfg.model_dump()}
 
 
 # -------------------------------------------------------------------------------------------- baselines

@@ -27,6 +27,7 @@ class Summary:
     indices: list[int]
     num_sentences: int
     note: str = ""
+    subwords: int | None = None   # abstractive: the summary's length in subwords ([SEP] counted, EOS not)
 
 
 def looks_ptb(text: str) -> bool:
@@ -204,7 +205,7 @@ class AbstractiveSummarizer:
             texts, _, ptb = encoded[i]
             notes = (["input read as PTB-tokenized text"] if ptb else []) + \
                     ([f"read the first {step} of {len(texts)} sentences"] if len(texts) > step else [])
-            out[i] = Summary(docs[i][0], d.sentences, [], len(texts), "; ".join(notes))
+            out[i] = Summary(docs[i][0], d.sentences, [], len(texts), "; ".join(notes), len(d.ids))
         return out
 
 
@@ -278,5 +279,5 @@ class ClusterSummarizer:
             n_units, n_sents = len(texts), sum(len(t) for t in texts)
             notes = (["input read as PTB-tokenized text"] if ptb else []) + \
                     [f"read {len(chosen[i])} of {n_units} units ({len(clusters[i][1])} documents)"]
-            out[i] = Summary(clusters[i][0], d.sentences, [], n_sents, "; ".join(notes))
+            out[i] = Summary(clusters[i][0], d.sentences, [], n_sents, "; ".join(notes), len(d.ids))
         return out

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file
 
-from conftest import HIBERT, run_hibert, tiny_train_overrides
+from conftest import HIBERT, REPO, run_hibert, tiny_train_overrides
 from test_pretrain_deepspeed import _start, _wait_for, assert_same, metric_history
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -108,3 +108,58 @@ def test_summarize_raw_text_and_refusals(reference, tmp_path, tiny_data):
     wrong = run_hibert(["finetune", *overrides(tmp_path, "wrong", tiny_data, **{"model.hidden": 32}),
                         "--init", str(root / "abs" / "export")], timeout=200, check=False)
     assert wrong.returncode != 0 and "model.hidden=64 differs" in wrong.stderr and "Traceback" not in wrong.stderr
+
+
+def _eos_first_copy(export, dst):
+    """A copy of `export` whose decoder wants to end every summary at once: its last layer's output LayerNorm
+    gives every position the same state u (weight 0, bias u) and the tied output row of EOS is 50 u, so EOS
+    out-scores every other subword by ~50 nats at every step. Only --min-len can make it write anything."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    from hibert.tokens import EOS_ID
+
+    shutil.copytree(export, dst)
+    enc, dec = load_file(str(dst / "encoder.safetensors")), load_file(str(dst / "decoder.safetensors"))
+    last = max(int(k.split(".")[2]) for k in dec if k.startswith("decoder.layers."))
+    u = torch.ones(enc["token_embedding.weight"].shape[1]) / enc["token_embedding.weight"].shape[1] ** 0.5
+    dec[f"decoder.layers.{last}.ffn_norm.weight"] = torch.zeros_like(u)
+    dec[f"decoder.layers.{last}.ffn_norm.bias"] = u
+    enc["token_embedding.weight"][EOS_ID] = 50 * u
+    save_file(enc, str(dst / "encoder.safetensors"))
+    save_file(dec, str(dst / "decoder.safetensors"))
+    return dst
+
+
+def test_summarize_decoding_flags_reach_the_decoder(reference, tmp_path):
+    """--min-len, --max-len, --length-penalty, --no-repeat-ngram and --batch-size on the trained model (subword
+    lengths from --json), and --min-len where it binds (a copy of the model that ends summaries at once)."""
+    root, over = reference
+    docs = tmp_path / "docs.jsonl"
+    articles = [json.loads(line)["article"] for line in
+                (REPO / "samples" / "cnndm_test_sample.jsonl").read_text().splitlines()[:3]]
+    docs.write_text("".join(json.dumps({"text": a}) + "\n" for a in articles))
+
+    def summarize(*flags, model=root / "abs" / "export"):
+        out = run_hibert(["summarize", *over, "--model", model, "--input", docs, "--json", *flags], timeout=180)
+        recs = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+        assert len(recs) == 3, out.stdout
+        return recs
+
+    flags = ["--beam", "2", "--min-len", "15", "--max-len", "19", "--length-penalty", "1.5", "--no-repeat-ngram", "1"]
+    one = summarize(*flags, "--batch-size", "1")
+    assert all(15 <= r["subwords"] <= 19 for r in one), one
+    for r in one:   # n-gram blocking at 1: no word twice (words are ▁-started pieces; "" = a lone ▁)
+        words = [w for s in r["summary"] for w in s.split(" ") if w]
+        assert len(words) == len(set(words)), r["summary"]
+    assert summarize(*flags, "--batch-size", "2") == one   # documents decode as they do alone
+    eager = _eos_first_copy(root / "abs" / "export", tmp_path / "eos-first")
+    assert [r["subwords"] for r in summarize(model=eager)] == [0, 0, 0]   # the model's own min_length 0
+    assert [r["subwords"] for r in summarize("--min-len", "7", model=eager)] == [7, 7, 7]  # EOS as soon as allowed
+    # a maximum beyond the decoder's positions (abstractive.json: 512) is refused before the model loads
+    bad = run_hibert(["summarize", *over, "--input", docs, "--max-len", "512"], check=False)
+    assert bad.returncode == 2 and bad.stderr.strip() == (
+        "hibert summarize: --max-len 512: the model's decoder has 512 target positions (decoder.max_positions in "
+        "abstractive.json), so at most --max-len 511"), bad.stderr

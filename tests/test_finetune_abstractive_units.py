@@ -30,3 +30,66 @@ def test_target_joins_summary_sentences_with_sep_and_cuts():
     assert target_ids(summary, 100).tolist() == [7, 8, SEP_ID, 9, SEP_ID, 10, 11]
     assert target_ids(summary, 4).tolist() == [7, 8, SEP_ID, 9]
     assert split_sentences([7, 8, SEP_ID, 9, SEP_ID, SEP_ID, 10]) == [[7, 8], [9], [10]]
+
+
+# ---------------------------------------------------------------- decoding flags, before any model loads
+def _unloadable_export(root):
+    """An abstractive export's settings (generation.json: 8..20 subwords; abstractive.json: a decoder with 64
+    target positions) without any weights: whatever gets as far as loading the model fails with 'cannot load
+    model', so a flag error shows that the flags were checked first."""
+    import json
+
+    from hibert.config.abstractive import GenerationConfig
+
+    export = root / "export"
+    export.mkdir()
+    (export / "abstractive.json").write_text(json.dumps({"decoder": {"max_positions": 64}, "max_target_tokens": 40}))
+    (export / "generation.json").write_text(json.dumps(GenerationConfig(min_length=8, max_length=20).model_dump()))
+    return export
+
+
+@pytest.mark.parametrize("flags, error", [
+    (["--min-len", "50", "--max-len", "10"], "--min-len 50 is above --max-len 10"),
+    (["--beam", "-3"], "--beam -3: must be >= 1"),
+    (["--beam", "300"], "--beam 300: must be <= 256"),
+    (["--length-penalty", "nan"], "--length-penalty nan: must be >= 0.0"),
+    (["--no-repeat-ngram", "-1"], "--no-repeat-ngram -1: must be >= 0"),
+    (["--max-word-pieces", "65"], "--max-word-pieces 65: must be <= 64"),
+    (["--batch-size", "0"], "--batch-size 0: must be >= 1"),
+    # against the model's own settings, read from its json files (no weights)
+    (["--max-len", "64"], "--max-len 64: the model's decoder has 64 target positions (decoder.max_positions in "
+                          "abstractive.json), so at most --max-len 63"),
+    (["--min-len", "30"], "--min-len 30 is above the model's maximum length 20 (generation.json)"),
+    (["--max-len", "5"], "--max-len 5 is below the model's minimum length 8 (generation.json)"),
+])
+@pytest.mark.parametrize("command", ["summarize", "evaluate"])
+def test_decoding_flags_that_cannot_work_fail_on_one_line_before_the_model_loads(tmp_path, capsys, command, flags,
+                                                                                 error):
+    from hibert.cli import main
+
+    export = _unloadable_export(tmp_path)
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The council met on Monday. It approved the budget.")
+    common = [command, f"run.output_dir={tmp_path / 'runs'}", f"data.dataset={tmp_path / 'no-dataset'}",
+              "--model", str(export)] + (["--input", str(doc)] if command == "summarize" else [])
+    assert main([*common, *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"hibert {command}: {error}") and "\n" not in err, err  # one line; no "cannot load model"
+
+
+def test_flag_errors_come_before_model_errors_and_good_flags_reach_the_model(tmp_path, capsys):
+    from hibert.cli import main
+
+    export = _unloadable_export(tmp_path)
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The council met on Monday. It approved the budget.")
+    base = ["summarize", f"run.output_dir={tmp_path / 'runs'}", "--input", str(doc)]
+    # flags that conflict with each other fail even where the model cannot be found at all
+    assert main([*base, "--model", str(tmp_path / "missing"), "--min-len", "9", "--max-len", "3"]) == 2
+    assert capsys.readouterr().err.strip() == "hibert summarize: --min-len 9 is above --max-len 3: the minimum " \
+                                              "summary length cannot exceed the maximum"
+    # flags that fit the model's settings (up to max_positions - 1) pass the checks and get to the (failing) load
+    assert main([*base, "--model", str(export), "--min-len", "30", "--max-len", "63", "--beam", "256",
+                 "--length-penalty", "10", "--no-repeat-ngram", "0", "--batch-size", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot load model" in err and "is not an encoder export" in err
