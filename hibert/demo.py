@@ -126,9 +126,14 @@ def plot_losses(cfg: Config, out: Path) -> Path | None:
     if exp is None:
         return None
     runs = c.search_runs([exp.experiment_id], filter_string="tags.task != ''")
-    # pretraining (masked-sentence NLL) and finetuning (sentence-label NLL) live on different scales
-    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5))
-    rows = {"masked_sentence": (0, "pretraining"), "extractive": (1, "extractive finetuning")}
+    # one row of plots per task: their losses (masked-sentence NLL, sentence labels, summary NLL, ranking) live
+    # on different scales
+    titles = {"masked_sentence": "pretraining", "extractive": "extractive finetuning",
+              "abstractive": "abstractive finetuning", "ranker": "unit ranker", "mds": "multi-document summarizer"}
+    present = {r.data.tags.get("task") for r in runs}
+    tasks = [t for t in titles if t in present] or ["masked_sentence"]
+    fig, axes = plt.subplots(len(tasks), 2, figsize=(10, 3.25 * len(tasks)), squeeze=False)
+    rows = {t: (i, titles[t]) for i, t in enumerate(tasks)}
     for run in sorted(runs, key=lambda r: r.info.start_time):
         row, _ = rows.get(run.data.tags.get("task", ""), (None, ""))
         if row is None:

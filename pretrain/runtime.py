@@ -90,7 +90,8 @@ def load_init(cfg: Config, rank: int = 0) -> InitModel | None:
 def check_init_compatible(cfg: Config, init: InitModel, dataset_tokenizer: Path,
                           keys: tuple[str, ...] = ("hidden", "layers", "heads", "ffn_dim", "num_decoder_layers")) -> None:
     """Refuse an init encoder of another size or tokenizer than this run's (a silent mismatch would train
-    on garbage ids or fail deep inside load_state_dict)."""
+    on garbage ids or fail deep inside load_state_dict). Every export carries the tokenizer its encoder was
+    trained with; one without it is damaged (or hand-made), and nothing would show which ids it reads."""
     from pretrain.trainer import file_hash
 
     for k in keys:
@@ -98,7 +99,11 @@ def check_init_compatible(cfg: Config, init: InitModel, dataset_tokenizer: Path,
             raise ValueError(f"run.init={cfg.run.init}: its model.{k}={getattr(init.model_cfg, k)} differs from "
                              f"the configured model.{k}={getattr(cfg.model, k)}")
     tok = Path(init.local_dir) / "tokenizer.model"
-    if tok.is_file() and file_hash(tok) != file_hash(dataset_tokenizer):
+    if not tok.is_file():
+        raise ValueError(f"run.init={cfg.run.init}: the export has no tokenizer.model (every export carries the "
+                         "tokenizer its encoder was trained with): it is incomplete; use a complete export, or copy "
+                         "the tokenizer.model of the dataset it was trained on next to its encoder.safetensors")
+    if file_hash(tok) != file_hash(dataset_tokenizer):
         raise ValueError(f"run.init={cfg.run.init} was trained with another tokenizer than the dataset "
                          f"{cfg.data.dataset_dir}; prepare the data with data.tokenizer.model={tok}")
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import HIBERT, run_hibert, tiny_train_overrides
 from test_pretrain_deepspeed import metric_history
@@ -41,6 +42,14 @@ def test_head_trains_loss_falls_and_model_is_registered(finetuned):
     assert meta["selection_metric"] == "valid_rouge" and 1 <= len(meta["selected_steps"]) <= 2
     assert meta["data"]["segmenter"]["kind"] == "spacy"
     assert (export / "head.safetensors").is_file() and (export / "tokenizer.model").is_file()
+    # the export is the mean of the kept best evaluations' full fp32 weights (keep_best=2)
+    from safetensors.torch import load_file
+
+    kept = [load_file(str(root / "ft" / "best" / f"step_{s:09d}.safetensors")) for s in meta["selected_steps"]]
+    head = load_file(str(export / "head.safetensors"))
+    assert head and len(kept) == len(meta["selected_steps"])
+    for name, value in head.items():
+        assert torch.equal(value, sum(st[f"head.{name}"] for st in kept) / len(kept)), name
     versions = list_versions(f"sqlite:///{root / 'mlflow.db'}", "hibert-extractive")
     assert versions and versions[-1]["aliases"] == ["finetuned"]
 
@@ -105,12 +114,15 @@ ABSTRACTIVE_FROZEN = {"finetune.task": "abstractive", "decoder.layers": 1, "fine
 
 def test_abstractive_starts_from_the_registered_extractive_model_under_zero1(finetuned):
     """PreSumm's BertSumExtAbs route: the abstractive head's encoder = the finetuned extractive encoder from
-    the registry (2 ranks, ZeRO-1). With lr 0 the exported encoder must be exactly the extractive one."""
+    the registry (2 ranks, ZeRO-1). The encoder is frozen the documented way, finetune.encoder_lr_scale=0
+    (requires_grad is never toggled: it still gets gradients and optimizer state), while the decoder trains at
+    optimizer.lr: the exported encoder must be the extractive one bit for bit, and the decoder must have moved."""
     from safetensors.torch import load_file
 
     root, _ = finetuned
     over = tiny_train_overrides(root, "abs-from-ext", finetuned_dataset(finetuned), **{
-        **ABSTRACTIVE_FROZEN, "deepspeed.zero_stage": 1})
+        **ABSTRACTIVE_FROZEN, "deepspeed.zero_stage": 1, "optimizer.lr": 2e-3, "finetune.encoder_lr_scale": 0.0,
+        "finetune.encoder_warmup_steps": 0})
     out = run_hibert(["finetune", *over, "--init", "models:/hibert-extractive@finetuned", "--nproc", "2"],
                      timeout=400)
     assert re.search(r"ZeRO stage\s+1\n", out.stderr) and re.search(r"world size\s+2 ", out.stderr), out.stderr[-3000:]
@@ -118,6 +130,14 @@ def test_abstractive_starts_from_the_registered_extractive_model_under_zero1(fin
     exported = load_file(str(root / "abs-from-ext" / "export" / "encoder.safetensors"))
     assert extractive.keys() == exported.keys()
     assert all(np.array_equal(extractive[k].numpy(), exported[k].numpy()) for k in extractive)
+    # the decoder trained: its LayerNorms start at exactly 1 (weight) / 0 (bias) and its Linear biases at 0
+    # (modeling.layers.init_weights); after two Adam steps at lr 2e-3 every one of them has moved
+    decoder = load_file(str(root / "abs-from-ext" / "export" / "decoder.safetensors"))
+    fresh = {k: (1.0 if k.endswith("norm.weight") else 0.0) for k in decoder
+             if k.endswith(("norm.weight", "norm.bias")) or (k.endswith(".bias") and decoder[k].ndim == 1)}
+    assert len(fresh) >= 8, sorted(decoder)
+    unmoved = [k for k, init in fresh.items() if (decoder[k] == init).all()]
+    assert not unmoved, unmoved
     meta = json.loads((root / "abs-from-ext" / "export" / "export.json").read_text())
     assert meta["task"] == "abstractive" and "hibert-extractive" in json.dumps(meta.get("init"))
 

@@ -1,5 +1,5 @@
 """Multi-document summarization end to end on SYNTHETIC clusters built from the CNN/DM sample: `hibert
-synth-clusters` -> `hibert prep` (clusters) -> the ranker (registered as hibert-ranker) -> the hierarchical
+synth-clusters` -> `hibert prep` (clusters) -> the ranker (2 ranks; registered as hibert-ranker) -> the hierarchical
 summarizer reading the units the registered ranker picks (2 ranks, ZeRO-2, PHT + copy + graph + structural
 attention; hibert-mds) and the flat baseline -> `hibert evaluate` for both kinds -> `hibert summarize` on a
 cluster. Real DeepSpeed, MLflow and ROUGE."""
@@ -48,7 +48,7 @@ def trained(clusters):
     root = clusters
     ranker = tiny_train_overrides(root, "ranker", root / "data", **{
         **SHORT, "finetune.task": "ranker", "schedule.max_steps": 6, "schedule.eval_every": 3})
-    run_hibert(["finetune", *ranker, "--init", "random"], timeout=300)
+    run_hibert(["finetune", *ranker, "--init", "random", "--nproc", "2"], timeout=300)  # ZeRO-2 across 2 ranks
     mds = tiny_train_overrides(root, "mds", root / "data", **{**SHORT, **MDS})
     run_hibert(["finetune", *mds, "--init", "random", "--nproc", "2"], timeout=400)
     flat = tiny_train_overrides(root, "flat", root / "data", **{
@@ -93,6 +93,13 @@ def test_evaluate_ranker_and_summarizer_reports(trained, tmp_path):
                                  "tfidf_extract"}
     assert "model-flat" in rep["paired"] and rep["meta"]["clusters"] == "synthetic"
     assert "SYNTHETIC" in rep["meta"]["task"] and rep["num_documents"] >= 3
+    assert rep["meta"]["reads"].startswith("units ranked by models:/hibert-ranker/")
+    assert "<= 300 tokens (trained on 300)" in rep["meta"]["reads"]
+    # Liu & Lapata's generalisation test: trained on one budget, read twice as much at test time
+    run_hibert(["evaluate", *mds, "--split", "valid", "--budget-tokens", "600", "--limit", "2", "--bootstrap", "50",
+                "--out", tmp_path / "budget-600"], timeout=300)
+    wide = json.loads((tmp_path / "budget-600" / "report.json").read_text())
+    assert "<= 600 tokens (trained on 300)" in wide["meta"]["reads"] and wide["num_documents"] == 2
     # a model trained on oracle-ranked units reads the references: refused unless asked for, then labelled
     oracle = tmp_path / "oracle-export"
     shutil.copytree(root / "mds" / "export", oracle)

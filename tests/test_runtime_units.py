@@ -1,8 +1,10 @@
 """The runtime API: optimizer groups with their own lr and warmup, the operator's step lines, and the
-refusal to publish a run that took no optimizer step."""
+refusal to publish a run that took no optimizer step, the refusal of an init export with another (or no)
+tokenizer."""
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -83,3 +85,36 @@ CHILD = textwrap.dedent("""
 def test_two_param_groups_have_their_own_lr_and_warmup_in_deepspeed(tmp_path):
     out = subprocess.run([sys.executable, "-c", CHILD], cwd=tmp_path, capture_output=True, text=True, timeout=110)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_an_init_export_with_another_tokenizer_or_none_is_refused(tmp_path):
+    """run.init's tokenizer.model must be the dataset's (byte for byte); an export without one is damaged
+    (every export carries it) and is refused too, rather than trained on ids nothing can vouch for."""
+    import json
+    import shutil
+
+    from data_prep import tokenizer as tok
+    from hibert.config import load_config
+    from hibert.config.data import TokenizerConfig
+    from pretrain.runtime import InitModel, check_init_compatible
+
+    repo = Path(__file__).resolve().parents[1]
+    lines = (repo / "samples" / "reuters_sample.jsonl").read_text().splitlines()[:40]
+    sentences = [s for line in lines for s in json.loads(line)["body"].split("\n") if s.strip()]
+    cfg_tok = dict(model_type="bpe", hard_vocab_limit=False)
+    ours = tok.train(sentences, TokenizerConfig(vocab_size=200, **cfg_tok), tmp_path / "dataset")
+    other = tok.train(sentences, TokenizerConfig(vocab_size=120, **cfg_tok), tmp_path / "other")
+    export = tmp_path / "export"
+    export.mkdir()
+    cfg = load_config(None, ["model=hibert_tiny", f"data.dataset={tmp_path / 'dataset'}", f"run.init={export}"])
+    init = InitModel({}, cfg.model.model_copy(), {}, export)
+
+    shutil.copy(ours, export / "tokenizer.model")
+    check_init_compatible(cfg, init, ours)           # the dataset's own tokenizer: accepted
+    shutil.copy(other, export / "tokenizer.model")   # another vocabulary: the encoder's ids mean other pieces
+    with pytest.raises(ValueError, match=r"was trained with another tokenizer than the dataset .*dataset; prepare "
+                                         r"the data with data.tokenizer.model=.*export/tokenizer.model"):
+        check_init_compatible(cfg, init, ours)
+    (export / "tokenizer.model").unlink()
+    with pytest.raises(ValueError, match=r"run.init=.*export: the export has no tokenizer.model .* incomplete"):
+        check_init_compatible(cfg, init, ours)
