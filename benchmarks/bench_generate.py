@@ -13,6 +13,10 @@ interleaved round by round, so that a machine whose load changes slows every con
     earlier run hides anything; reported for the whole call and for the decoding phase (after the encoder
     and the memory projections). CUDA: torch.cuda.max_memory_allocated above the allocation before.
   * cross-attention: PHT (and VHT) against flat, same batch.
+  * the anchors: the same model and documents decoded with PreSumm's / hiersumm's search strategy
+    (anchor_decode.py: memory tiled per beam and gathered every step, cache grown by concatenation, a
+    Python trigram check per hypothesis, finished hypotheses kept in the beam), at the same batch size;
+    speed and peak memory (RSS) against ours. A greedy run of both first checks they decode the same tokens.
 Ratios are medians over rounds of the per-round ratio (the two runs of a ratio are back to back in each
 round); the tables give the sums over all rounds.
 
@@ -41,7 +45,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from hibert.config.abstractive import DecoderConfig, GenerationConfig  # noqa: E402
 from hibert.config.model import ModelConfig  # noqa: E402
 from modeling.abstractive import HibertAbstractive  # noqa: E402
-from modeling.generate import generate  # noqa: E402
+from anchor_decode import anchor_generate  # noqa: E402
+from modeling.generate import NEVER_GENERATED, generate  # noqa: E402
 from modeling.packing import pack_documents  # noqa: E402
 from workload import machine  # noqa: E402
 
@@ -103,21 +108,53 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_once(model, docs, gen, ws, args, use_cache: bool = True) -> tuple[float, float]:
-    """(seconds for generate() over `docs` in batches of len(docs), seconds of that spent encoding)."""
+def timed_call(model, docs, decode, args) -> tuple[float, float, list]:
+    """(seconds for `decode(batch)` over `docs` in one batch, seconds of that spent encoding, its output)."""
     batch = pack_documents(docs).to(args.device)
     with torch.no_grad(), autocast(args):
         sync(args.device)
         start = time.perf_counter()
-        hyps = generate(model, batch, gen, word_start=ws, use_cache=use_cache)
+        out = decode(batch)
         sync(args.device)
         total = time.perf_counter() - start
         start = time.perf_counter()
         model.encode(batch)
         sync(args.device)
         encode = time.perf_counter() - start
+    return total, encode, out
+
+
+def run_once(model, docs, gen, ws, args, use_cache: bool = True) -> tuple[float, float]:
+    """(seconds for generate() over `docs` in batches of len(docs), seconds of that spent encoding)."""
+    total, encode, hyps = timed_call(model, docs, lambda b: generate(model, b, gen, word_start=ws, use_cache=use_cache),
+                                     args)
     assert all(len(h.tokens) == gen.max_length for h in hyps), [len(h.tokens) for h in hyps]
     return total, encode
+
+
+def run_anchor(model, docs, gen, ws, args) -> tuple[float, float]:
+    """`run_once` for the anchors' search: the same steps (max_length subwords + the EOS step), the same
+    documents, the same banned tokens; trigram blocking as they do it."""
+    steps = gen.max_length + 1
+    total, encode, out = timed_call(model, docs, lambda b: anchor_generate(
+        model, b, gen.beam_size, steps, steps, gen.length_penalty, gen.no_repeat_ngram > 0, ws, NEVER_GENERATED), args)
+    assert all(len(x) == steps for x in out), [len(x) for x in out]
+    return total, encode
+
+
+def check_anchor_matches(args, ws) -> int:
+    """Greedy without blocking, forced length: the anchors' search and ours must pick the same tokens (the
+    comparison is then about the search machinery alone). Returns the number of tokens compared."""
+    model = build(args, "flat")
+    docs = make_docs(min(args.batch, 4), args.source_tokens, args.vocab, args.seed + 2)
+    batch = pack_documents(docs).to(args.device)
+    gen = gen_config(args, 1).model_copy(update={"no_repeat_ngram": 0, "min_length": 20, "max_length": 20})
+    with torch.no_grad(), autocast(args):
+        ours = [h.tokens for h in generate(model, batch, gen, word_start=ws)]
+        theirs = anchor_generate(model, batch, 1, 21, 21, gen.length_penalty, False, ws, NEVER_GENERATED)
+    if [t[:20] for t in theirs] != ours:
+        raise SystemExit("the anchors' greedy search decodes other tokens than ours: the comparison would be void")
+    return sum(len(t) for t in ours)
 
 
 def timed(configs: dict, rounds: int) -> dict:
@@ -175,7 +212,12 @@ def throughput(args, ws) -> dict:
             return s, e, len(docs)
         return fn
 
-    configs = {"flat_batch1": single, **{f"{c}_batch{args.batch}": batched(c) for c in args.cross}}
+    def anchor(warmup: bool):
+        s, e = run_anchor(models["flat"], docs, short if warmup else gen, ws, args)
+        return s, e, len(docs)
+
+    configs = {"flat_batch1": single, **{f"{c}_batch{args.batch}": batched(c) for c in args.cross},
+               f"anchor_batch{args.batch}": anchor}
     return summarize(timed(configs, args.rounds), args.target_tokens)
 
 
@@ -220,9 +262,34 @@ def _tensor_bytes(prof, mark: str) -> tuple[int, int, int]:
     return before, at, after
 
 
+def anchor_memory_probe(args, beam: int) -> dict:
+    """Runs in a fresh process: peak memory (RSS, or CUDA allocated) of one anchor-strategy call at `beam`."""
+    model = build(args, "flat")
+    ws = word_start_mask(args.vocab, args.device)
+    batch = pack_documents(make_docs(args.batch, args.source_tokens, args.vocab, args.seed)).to(args.device)
+    gen = gen_config(args, beam)
+    steps = gen.max_length + 1
+    cuda = args.device == "cuda"
+    with torch.no_grad(), autocast(args):
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        else:
+            _reset_peak()
+            before = _status_kib("VmRSS") * 1024
+        anchor_generate(model, batch, beam, steps, steps, gen.length_penalty, True, ws, NEVER_GENERATED)
+        peak = torch.cuda.max_memory_allocated() if cuda else _status_kib("VmHWM") * 1024
+    mib = 2**20
+    return dict(beam=beam, kind="cuda_allocated" if cuda else "rss", baseline_mib=before / mib,
+                peak_mib=(peak - before) / mib)
+
+
 def memory_probe(args, beam: int, kind: str) -> dict:
     """Runs in a fresh process: peak memory of one generate() call at `beam`, whole call and decoding
     phase. `kind`: rss (process resident set) or tensors (torch CPU allocator, via the profiler)."""
+    if kind == "anchor":
+        return anchor_memory_probe(args, beam)
     model = build(args, "flat")
     ws = word_start_mask(args.vocab, args.device)
     docs = make_docs(args.batch, args.source_tokens, args.vocab, args.seed)
@@ -282,6 +349,10 @@ def memory(args) -> dict:
             cmd = [sys.executable, __file__, "--memory-probe", f"{beam},{kind}"] + sys.argv[1:]
             proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
             out[f"{kind}_beam{beam}"] = json.loads(proc.stdout.strip().splitlines()[-1])
+    log(f"memory probe: the anchors' search, beam {args.beam}")
+    cmd = [sys.executable, __file__, "--memory-probe", f"{args.beam},anchor"] + sys.argv[1:]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    out[f"anchor_beam{args.beam}"] = json.loads(proc.stdout.strip().splitlines()[-1])
     return out
 
 
@@ -349,6 +420,8 @@ def main() -> None:
     res, ratios = summary["results"], summary["ratios"]
     started = time.perf_counter()
     if "throughput" not in skip:
+        summary["anchor_check_tokens"] = check_anchor_matches(args, ws)
+        log(f"the anchors' greedy search decodes ours: {summary['anchor_check_tokens']} tokens equal")
         res["throughput"] = throughput(args, ws)
         t = res["throughput"]
         b = f"_batch{args.batch}"
@@ -361,6 +434,8 @@ def main() -> None:
                 value, rounds, pooled = paired_ratio(t, "flat" + b, cross + b)
                 target = TARGETS["pht_time_ratio_max"] if cross == "pht" else None
                 ratios[f"{cross}_time_ratio"] = ratio_line(value, target, False, rounds, pooled)
+        value, rounds, pooled = paired_ratio(t, "flat" + b, "anchor" + b)
+        ratios["speedup_over_anchor_search"] = ratio_line(value, None, True, rounds, pooled)
     if "cache" not in skip:
         res["cache"] = cache_vs_recompute(args, ws)
         value, rounds, pooled = paired_ratio(res["cache"], "kv_cache", "recompute_prefix")
@@ -373,6 +448,9 @@ def main() -> None:
                                                         TARGETS["memory_ratio_max"], False)
             ratios[f"memory_ratio_{kind}_decode_phase"] = ratio_line(
                 mk["decode_peak_mib"] / m1["decode_peak_mib"], TARGETS["memory_ratio_max"], False)
+        ours = res["memory"][f"{'cuda' if args.device == 'cuda' else 'rss'}_beam{args.beam}"]
+        ratios["anchor_memory_ratio"] = ratio_line(res["memory"][f"anchor_beam{args.beam}"]["peak_mib"]
+                                                   / ours["peak_mib"], None)
     summary["wall_seconds"] = time.perf_counter() - started
 
     print(f"{args.size} (H={SIZES[args.size]['hidden']}, {SIZES[args.size]['layers']}+{SIZES[args.size]['layers']} "
@@ -385,6 +463,9 @@ def main() -> None:
             print(f"{'memory (MiB above the pre-call baseline)':44} {'encoder phase':>14} {'decode start':>13} "
                   f"{'decode peak':>12} {'call peak':>10}")
             for name, r in rows.items():
+                if "decode_peak_mib" not in r:  # the anchors' search: whole call only
+                    print(f"  {name:42} {'':>14} {'':>13} {'':>12} {r['peak_mib']:10.1f}")
+                    continue
                 print(f"  {name:42} {r['encode_peak_mib']:14.1f} {r['decode_start_mib']:13.1f} "
                       f"{r['decode_peak_mib']:12.1f} {r['peak_mib']:10.1f}")
             continue

@@ -299,3 +299,26 @@ def test_generation_arguments_are_checked():
         generate(model, packed, GenerationConfig(beam_size=2, no_repeat_ngram=0), n_best=3)
     with pytest.raises(ValueError, match="max_positions"):
         generate(model, packed, GenerationConfig(max_length=100, no_repeat_ngram=0))
+
+
+@pytest.mark.parametrize("cross,copy", [("flat", False), ("pht", True)])
+def test_the_anchor_search_of_the_benchmark_decodes_what_greedy_does(cross, copy):
+    """benchmarks/anchor_decode.py (PreSumm's search on our layers: tiled memory, concatenated cache) is the
+    reference bench_generate measures us against; with one beam, no blocking and a forced length it must
+    pick exactly our tokens, or the speed comparison would compare different work."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from anchor_decode import anchor_generate
+    from modeling.generate import NEVER_GENERATED
+
+    model = tiny_model(cross, copy=copy, seed=6)
+    docs = random_docs(23, n_docs=3)
+    gen = GenerationConfig(beam_size=1, min_length=9, max_length=9, no_repeat_ngram=0)
+    ours = [h.tokens for h in greedy(model, pack_documents(docs), gen)]
+    theirs = anchor_generate(model, pack_documents(docs), 1, 10, 10, 0.0, False, WORD_START, NEVER_GENERATED)
+    assert [t[:9] for t in theirs] == ours and all(len(t) == 10 for t in theirs)
+    # beam 4 with their trigram check runs to the forced length for every document
+    beams = anchor_generate(model, pack_documents(docs), 4, 10, 10, 0.6, True, WORD_START, NEVER_GENERATED)
+    assert [len(t) for t in beams] == [10, 10, 10]
