@@ -22,6 +22,8 @@ round); the tables give the sums over all rounds.
 
     python benchmarks/bench_generate.py                          # 2 CPU threads, H=256: the CPU targets
     python benchmarks/bench_generate.py --device cuda --dtype bf16 --size hibert_m --batch 64
+    python benchmarks/bench_generate.py --no-repeat-ngram 0 --cross flat --skip cache,memory \
+        --out benchmarks/results/bench_generate_cpu_noblock.json     # the anchors' gap without blocking
 """
 from __future__ import annotations
 
@@ -91,7 +93,7 @@ def build(args, cross: str) -> HibertAbstractive:
 
 def gen_config(args, beam: int) -> GenerationConfig:
     return GenerationConfig(beam_size=beam, min_length=args.target_tokens, max_length=args.target_tokens,
-                            length_penalty=0.6, no_repeat_ngram=3, batch_size=args.batch)
+                            length_penalty=0.6, no_repeat_ngram=args.no_repeat_ngram, batch_size=args.batch)
 
 
 def word_start_mask(vocab: int, device: str) -> torch.Tensor:
@@ -216,8 +218,10 @@ def throughput(args, ws) -> dict:
         s, e = run_anchor(models["flat"], docs, short if warmup else gen, ws, args)
         return s, e, len(docs)
 
-    configs = {"flat_batch1": single, **{f"{c}_batch{args.batch}": batched(c) for c in args.cross},
-               f"anchor_batch{args.batch}": anchor}
+    # each ratio's two runs back to back in every round: batch 1 / flat / the anchors' search / pht / vht
+    batch = f"_batch{args.batch}"
+    configs = {"flat_batch1": single, "flat" + batch: batched("flat"), "anchor" + batch: anchor,
+               **{c + batch: batched(c) for c in args.cross if c != "flat"}}
     return summarize(timed(configs, args.rounds), args.target_tokens)
 
 
@@ -278,7 +282,8 @@ def anchor_memory_probe(args, beam: int) -> dict:
         else:
             _reset_peak()
             before = _status_kib("VmRSS") * 1024
-        anchor_generate(model, batch, beam, steps, steps, gen.length_penalty, True, ws, NEVER_GENERATED)
+        anchor_generate(model, batch, beam, steps, steps, gen.length_penalty, gen.no_repeat_ngram > 0, ws,
+                        NEVER_GENERATED)
         peak = torch.cuda.max_memory_allocated() if cuda else _status_kib("VmHWM") * 1024
     mib = 2**20
     return dict(beam=beam, kind="cuda_allocated" if cuda else "rss", baseline_mib=before / mib,
@@ -371,6 +376,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--source-tokens", type=int, default=800, help="encoder tokens per document")
     p.add_argument("--target-tokens", type=int, default=100, help="summary subwords (min_length = max_length)")
+    p.add_argument("--no-repeat-ngram", type=int, default=3,
+                   help="word n-gram blocking for every search (0 = off; the anchors' search blocks trigrams iff > 0)")
     p.add_argument("--single-docs", type=int, default=2, help="documents decoded one at a time per round")
     p.add_argument("--cache-batch", type=int, default=4, help="documents in the cache vs recompute runs")
     p.add_argument("--rounds", type=int, default=3)

@@ -113,7 +113,7 @@ def stored_generation(export_dir: Path):
     from hibert.config.abstractive import GenerationConfig
 
     path = Path(export_dir) / GENERATION_CONFIG
-    return GenerationConfig.model_validate(json.loads(path.read_text())) if path.is_file() else GenerationConfig()
+    return _validated(GenerationConfig, _read_json(path), path) if path.is_file() else GenerationConfig()
 
 
 def decoder_max_positions(export_dir: Path) -> int:
@@ -124,4 +124,26 @@ def decoder_max_positions(export_dir: Path) -> int:
     path = Path(export_dir) / DECODER_CONFIG
     if not path.is_file():
         raise FileNotFoundError(f"{export_dir} holds no abstractive decoder ({DECODER_CONFIG})")
-    return DecoderConfig.model_validate(json.loads(path.read_text())["decoder"]).max_positions
+    settings = _read_json(path)
+    if not isinstance(settings, dict) or "decoder" not in settings:
+        raise ValueError(f"{path} has no 'decoder' section (a damaged export)")
+    return _validated(DecoderConfig, settings["decoder"], path).max_positions
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not JSON ({e})") from None
+
+
+def _validated(schema, data, path: Path):
+    """`schema.model_validate(data)`, its errors as the config loader words them (one line for one problem)."""
+    from pydantic import ValidationError
+
+    from hibert.config.load import format_validation_error
+
+    try:
+        return schema.model_validate(data)
+    except ValidationError as e:
+        raise ValueError(format_validation_error(e, str(path))) from None

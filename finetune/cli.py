@@ -166,6 +166,9 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
         except DecodingFlagError as e:
             print(f"hibert evaluate: {e}", file=sys.stderr)
             return 2
+        except ValueError as e:  # its generation.json / abstractive.json do not parse
+            print(f"hibert evaluate: cannot load model {ref!r}: {e}", file=sys.stderr)
+            return 2
     if DocumentDataset(cfg.data.dataset_dir, args.split).is_clusters:
         return _evaluate_clusters(cfg, args, local, ref, uri)
     if is_mds_export(local) or (local / "ranker.json").is_file():

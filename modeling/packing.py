@@ -175,7 +175,7 @@ def flatten_documents(docs: Sequence[Document]) -> tuple[np.ndarray, np.ndarray,
     return words, word_lens, doc_lens
 
 
-def _check_doc_lens(doc_lens: np.ndarray) -> None:
+def check_doc_lens(doc_lens: np.ndarray) -> None:
     if len(doc_lens) == 0:
         raise ValueError("a batch needs at least one document")
     if (doc_lens <= 0).any():
@@ -203,7 +203,7 @@ def pack_flat(words: np.ndarray, word_lens: np.ndarray, doc_lens: np.ndarray,
     """`pack_documents` from the flat form: every word back to back (int64), words per sentence,
     sentences per document (DataLoader workers build this form directly, without per-sentence arrays)."""
     word_lens, doc_lens = np.asarray(word_lens, dtype=np.int64), np.asarray(doc_lens, dtype=np.int64)
-    _check_doc_lens(doc_lens)
+    check_doc_lens(doc_lens)
     if int(doc_lens.sum()) != len(word_lens) or int(word_lens.sum()) != len(words):
         raise ValueError(f"{len(words)} words, {int(word_lens.sum())} in the sentence lengths; {len(word_lens)} "
                          f"sentences, {int(doc_lens.sum())} in the document lengths")
@@ -241,7 +241,7 @@ def pad_documents(docs: Sequence[Document], max_sentences: int = 30, max_tokens:
     Rows of document b are b * max_sentences + position. Empty rows let their PAD slot be a key so that
     no attention row is fully masked; their outputs are never looked at."""
     words, word_lens, doc_lens = flatten_documents(docs)
-    _check_doc_lens(doc_lens)
+    check_doc_lens(doc_lens)
     if doc_lens.max() > max_sentences or word_lens.max() > max_tokens:
         raise ValueError(f"documents must be cut to {max_sentences} sentences of {max_tokens} tokens first")
     num_docs, width = len(docs), max_tokens + 1

@@ -14,8 +14,8 @@ from hibert.config.model import ModelConfig
 from hibert.tokens import BOS_ID, EOS_ID, PAD_ID
 from modeling.encoder import HibertEncoder
 from modeling.layers import Layout, TransformerStack, init_weights
-from modeling.packing import (Document, PackedDocuments, Sentence, TensorBundle, cumulative, flatten_documents,
-                              pack_flat, pad_documents, ragged_slots, round_up)
+from modeling.packing import (Document, PackedDocuments, Sentence, TensorBundle, check_doc_lens, cumulative,
+                              flatten_documents, pack_flat, pad_documents, ragged_slots, round_up)
 
 IGNORE_INDEX = -100  # label of decoder slots that are padding (padded reference layout only)
 
@@ -98,6 +98,7 @@ def make_pretrain_batch(masked_docs: Sequence[Document], target_positions: Seque
     ORIGINAL token ids (no specials), in the same order."""
     _check_targets(masked_docs, target_positions, target_sentences)
     words, word_lens, doc_lens = flatten_documents(masked_docs)
+    check_doc_lens(doc_lens)  # before the concatenations below, so an empty batch gets the packing's message
     first_row = np.cumsum(doc_lens) - doc_lens
     row_of = np.concatenate([first_row[b] + np.asarray(p, dtype=np.int64) for b, p in enumerate(target_positions)])
     target_words, target_word_lens, _ = flatten_documents(target_sentences)

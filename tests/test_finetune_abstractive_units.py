@@ -93,3 +93,22 @@ def test_flag_errors_come_before_model_errors_and_good_flags_reach_the_model(tmp
                  "--length-penalty", "10", "--no-repeat-ngram", "0", "--batch-size", "1"]) == 2
     err = capsys.readouterr().err
     assert "cannot load model" in err and "is not an encoder export" in err
+
+
+@pytest.mark.parametrize("damage", ["abstractive.json", "generation.json"])
+@pytest.mark.parametrize("command", ["summarize", "evaluate"])
+def test_a_damaged_decoder_config_is_one_line_not_a_traceback(tmp_path, capsys, command, damage):
+    from hibert.cli import main
+
+    export = _unloadable_export(tmp_path)
+    (export / damage).write_text('{"decoder": {"max_positions": "many"}}' if damage == "abstractive.json"
+                                 else '{"beam_size": 0}')
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The council met on Monday. It approved the budget.")
+    common = [command, f"run.output_dir={tmp_path / 'runs'}", f"data.dataset={tmp_path / 'no-dataset'}",
+              "--model", str(export)] + (["--input", str(doc)] if command == "summarize" else [])
+    assert main(common) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"hibert {command}: cannot load model") and damage.split(".")[0] in err.lower() \
+        or "max_positions" in err or "beam_size" in err, err
+    assert "Traceback" not in err and "\n" not in err, err

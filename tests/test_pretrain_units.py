@@ -197,7 +197,9 @@ def test_loader_item_equals_per_document_masking_on_prepared_shards(tiny_data):
     task = MaskedSentenceTask(cfg, 600)
     idx = np.arange(len(ds))[::-1].copy()
     item = task.make_item(ds, idx, 4)
-    ref, _ = _per_document_batch(ds, idx, cfg.objective, cfg.schedule.seed, 4)
+    ref, masked = _per_document_batch(ds, idx, cfg.objective, cfg.schedule.seed, 4)
+    assert any(len(x.sentences[p]) != len(ds[i][p])  # a random sentence of another length is spliced in
+               for i, x in zip(idx, masked) for p, a in zip(x.positions, x.actions) if a == RANDOM)
     _assert_same_bundle(item.batch, ref)
     d = ref.docs
     assert item.flops == flops_per_batch(task.model_config(), d.sent_lens, d.doc_lens, ref.target_lens)
