@@ -348,16 +348,22 @@ def memory_probe(args, beam: int, kind: str) -> dict:
 def memory(args) -> dict:
     out = {}
     kinds = ["cuda"] if args.device == "cuda" else ["rss", "tensors"]
-    for kind in kinds:
-        for beam in (1, args.beam):
-            log(f"memory probe: {kind}, beam {beam}")
+    def probe(beam: int, kind: str) -> dict:
+        """The median (by peak) of --memory-repeats fresh-process probes for RSS, whose allocator noise is tens
+        of MiB; one probe for the deterministic tensor and CUDA counts."""
+        runs = []
+        for r in range(args.memory_repeats if kind in ("rss", "anchor") else 1):
+            log(f"memory probe: {kind}, beam {beam} ({r + 1})")
             cmd = [sys.executable, __file__, "--memory-probe", f"{beam},{kind}"] + sys.argv[1:]
             proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
-            out[f"{kind}_beam{beam}"] = json.loads(proc.stdout.strip().splitlines()[-1])
-    log(f"memory probe: the anchors' search, beam {args.beam}")
-    cmd = [sys.executable, __file__, "--memory-probe", f"{args.beam},anchor"] + sys.argv[1:]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    out[f"anchor_beam{args.beam}"] = json.loads(proc.stdout.strip().splitlines()[-1])
+            runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        runs.sort(key=lambda x: x["peak_mib"])
+        return {**runs[len(runs) // 2], "repeats_peak_mib": [x["peak_mib"] for x in runs]}
+
+    for kind in kinds:
+        for beam in (1, args.beam):
+            out[f"{kind}_beam{beam}"] = probe(beam, kind)
+    out[f"anchor_beam{args.beam}"] = probe(args.beam, "anchor")
     return out
 
 
@@ -382,6 +388,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--cache-batch", type=int, default=4, help="documents in the cache vs recompute runs")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--cache-rounds", type=int, default=1)
+    p.add_argument("--memory-repeats", type=int, default=3, help="fresh-process RSS probes per setting (median)")
     p.add_argument("--cross", default="flat,pht,vht", help="cross-attention variants timed at --batch")
     p.add_argument("--skip", default="", help="comma list of throughput,cache,memory to leave out")
     p.add_argument("--threads", type=int, default=2, help="CPU threads for torch")

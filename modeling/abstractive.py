@@ -153,7 +153,8 @@ class CrossCache(TensorBundle):
     sent_keys: Tensor | None = None    # [B, heads, D, d] (PHT)
     sent_values: Tensor | None = None
     sent_mask: Tensor | None = None    # [B, D] (PHT, VHT)
-    rank: Tensor | None = None         # [B, D, H] sentence-position embeddings (VHT, eq. 11)
+    rank: Tensor | None = None         # [B, D, 2H] VHT: the sentence-position embeddings R (eq. 11) and `out`'s bias
+                                       # through `sent_kv` (the same for every query: projected once per batch)
     key_bias: Tensor | None = None     # [B, 1, 1, L] 0 / -inf: the key mask as SDPA's cheaper additive form
 
     def select(self, docs: Tensor) -> "CrossCache":
@@ -327,7 +328,9 @@ class VerticalCrossAttention(nn.Module):
     attention with query X_t^1 uses them as keys AND values (eq. 12); its output alone is the cross-attention
     context (eq. 13: X^2 = LN(X^1 + X^para)). Done on the [B, D, T] sentence grid: per-sentence context
     vectors are a batched matmul per sentence (VHT's extra cost over flat/PHT is the sentence-level
-    projections of D context vectors per query, which the paper also reports).
+    projections of D context vectors per query, which the paper also reports). Those projections are
+    `sent_kv(out(words) + R)`: two linear maps, applied as one [2H, H] matrix (a third fewer multiply-adds per
+    query and sentence), with R and the biases projected once per batch in `prepare`.
 
     Token distribution (for copy): sentence attention averaged over heads x within-sentence attention
     averaged over heads — it sums to 1 over the document's tokens."""
@@ -339,19 +342,35 @@ class VerticalCrossAttention(nn.Module):
         self.scale = (h // cfg.heads) ** -0.5
         self.q, self.kv, self.out = nn.Linear(h, h), nn.Linear(h, 2 * h), nn.Linear(h, h)
         self.sent_q, self.sent_kv, self.sent_out = nn.Linear(h, h), nn.Linear(h, 2 * h), nn.Linear(h, h)
+        self._fused: tuple[tuple, Tensor] | None = None  # (weights' identity and versions, sent_kv.W @ out.W)
+
+    def word_to_sentence_kv(self) -> Tensor:
+        """sent_kv.weight @ out.weight [2H, H], fp32. Recomputed whenever gradients are on (training); without
+        them (decoding) kept until either weight changes (in-place updates bump a tensor's version)."""
+        w_kv, w_out = self.sent_kv.weight, self.out.weight
+        key = (w_kv.data_ptr(), w_kv._version, w_out.data_ptr(), w_out._version)
+        if torch.is_grad_enabled() or self._fused is None or self._fused[0] != key:
+            with torch.autocast(w_kv.device.type, enabled=False):
+                fused = w_kv.float() @ w_out.float()
+            if torch.is_grad_enabled():
+                return fused
+            self._fused = (key, fused)
+        return self._fused[1]
 
     def prepare(self, mem: SourceMemory) -> CrossCache:
         k, v = _grid_kv(self.kv(mem.states), mem.sentence_slot, tuple(mem.token_mask.shape), self.heads)
+        rank = mem.rank.expand(mem.num_docs, -1, -1) + self.out.bias          # R + out's bias, through sent_kv
         return CrossCache(keys=k, values=v, key_mask=mem.token_mask, ids=mem.grid_ids, sent_mask=mem.sentence_mask,
-                          rank=mem.rank.expand(mem.num_docs, -1, -1).contiguous())
+                          rank=self.sent_kv(rank).contiguous())
 
     def forward(self, x: Tensor, cache: CrossCache, want_attention: bool = False) -> tuple[Tensor, Tensor | None]:
         q = _split_heads(self.q(x), self.heads) * self.scale                     # [B, h, Q, d]
         s = (q[:, :, None] @ cache.keys.transpose(-1, -2)).float()               # [B, h, D, Q, T]
         alpha = torch.softmax(s.masked_fill(~cache.key_mask[:, None, :, None, :], -math.inf), dim=-1)
         words = (alpha.to(cache.values.dtype) @ cache.values).transpose(1, 2)     # [B, D, h, Q, d]
-        words = self.out(_merge_heads(words)) + cache.rank[:, :, None, :]          # eq. 8 and 11: [B, D, Q, H]
-        ks, vs = (_split_heads(t, self.heads).permute(0, 2, 3, 1, 4) for t in self.sent_kv(words).chunk(2, -1))
+        # eq. 8 and 11, then eq. 12's keys/values: sent_kv(out(words) + R), as one matrix (+ R's part, prepared)
+        kv = F.linear(_merge_heads(words), self.word_to_sentence_kv().to(words.dtype)) + cache.rank[:, :, None, :]
+        ks, vs = (_split_heads(t, self.heads).permute(0, 2, 3, 1, 4) for t in kv.chunk(2, -1))
         qs = _split_heads(self.sent_q(x), self.heads)[:, :, :, None]              # [B, h, Q, 1, d]
         sb = (qs @ ks.transpose(-1, -2)).float().squeeze(-2) * self.scale         # [B, h, Q, D]
         beta = torch.softmax(sb.masked_fill(~cache.sent_mask[:, None, None, :], -math.inf), dim=-1)  # eq. 12

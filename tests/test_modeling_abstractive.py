@@ -243,6 +243,22 @@ def test_vht_equals_eq_11_to_13_computed_per_sentence():
     torch.testing.assert_close(token_p.sum(-1), torch.ones(2, 3))
 
 
+def test_vht_fused_projection_follows_weight_updates_while_decoding():
+    """Without gradients VHT keeps sent_kv.W @ out.W between calls; an in-place update of either weight (an
+    optimizer step, load_state_dict) must be seen by the next call."""
+    _, mem, x = _memory_and_queries(6)
+    torch.manual_seed(3)
+    vht = VerticalCrossAttention(CFG)
+    with torch.no_grad():
+        vht(x, vht.prepare(mem))
+        for weight in (vht.out.weight, vht.sent_kv.weight):
+            weight.mul_(1.5)
+            got = vht(x, vht.prepare(mem))[0]
+            with torch.enable_grad():
+                want = vht(x, vht.prepare(mem))[0]   # recomputed from the weights as they are
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
 # ---------------------------------------------------------------------------------------------- copy
 def test_copy_mixture_hand_case():
     """p(w) = p_gen p_vocab(w) + (1 - p_gen) sum_{i: src_i = w} a_i, on a 6-word vocabulary."""
