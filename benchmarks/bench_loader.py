@@ -88,7 +88,7 @@ def time_per_document(task, data, batches: list[np.ndarray]) -> dict:
 
 
 def time_loader(task, data, batches: list[np.ndarray], workers: int, pin: bool, device: torch.device) -> dict:
-    from pretrain.loader import make_loader
+    from hibert.runtime.loader import make_loader
 
     loader = make_loader(task, data, batches, 0, workers, **({"pin_memory": True} if pin else {}))
     it = iter(loader)
@@ -121,7 +121,7 @@ def main() -> None:
     args = p.parse_args()
 
     from hibert.config import load_config
-    from pretrain.batching import doc_costs, plan_epoch
+    from hibert.runtime.batching import doc_costs, plan_epoch
     from pretrain.masked_sentence import MaskedSentenceTask
 
     torch.set_num_threads(1)

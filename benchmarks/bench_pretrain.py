@@ -38,10 +38,10 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from hibert.config import load_config
-    from pretrain.engine import init_distributed
+    from hibert.runtime.engine import init_distributed
     from pretrain.masked_sentence import MaskedSentenceTask
-    from pretrain.memory import rank_state_bytes
-    from pretrain.trainer import Trainer
+    from hibert.runtime.memory import rank_state_bytes
+    from hibert.runtime.trainer import Trainer
     from workload import LengthsDataset, cnndm_lengths
 
     out_root = tempfile.mkdtemp(prefix="bench-pretrain-")
@@ -99,7 +99,7 @@ def main() -> None:
     if args.worker:
         return worker(args)
 
-    from pretrain.launch import launch_local
+    from hibert.runtime.launch import launch_local
     from workload import machine
 
     rows = []

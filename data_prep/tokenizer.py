@@ -24,6 +24,13 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def vocab_size(path: str | Path) -> int:
+    """Pieces in a SentencePiece model (the encoder's vocabulary size)."""
+    import sentencepiece as spm
+
+    return spm.SentencePieceProcessor(model_file=str(path)).get_piece_size()
+
+
 def load(path: str | Path) -> Any:
     """A SentencePieceProcessor, after checking the special ids."""
     import sentencepiece as spm

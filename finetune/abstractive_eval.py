@@ -155,7 +155,7 @@ def evaluate_abstractive(cfg, args: argparse.Namespace, local: Path, ref: str, u
     from finetune.abstractive_metrics import abstractiveness
     from finetune.evaluation import baseline_systems, documents, score_systems, write_report
     from hibert.redact import redact_uri
-    from pretrain.trainer import file_hash
+    from hibert.hashing import file_hash
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     reports = compared_reports(args.compare, args.split)   # bad --compare fails before any decoding

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from finetune.abstractive_data import split_sentences
-from pretrain.batching import doc_costs, plan_epoch
+from hibert.runtime.batching import doc_costs, plan_epoch
 
 
 @dataclass
@@ -87,7 +87,7 @@ def load_abstractive(export_dir: Path, device: torch.device | str = "cpu") -> tu
     from finetune.abstractive_task import DECODER_CONFIG, DECODER_WEIGHTS
     from hibert.config.abstractive import DecoderConfig
     from modeling.abstractive import HibertAbstractive
-    from pretrain.export import load_encoder, read_export
+    from hibert.runtime.export import load_encoder, read_export
 
     export_dir = Path(export_dir)
     enc, model_cfg, meta = read_export(export_dir)

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from hibert.config import Config
 from hibert.config.model import ModelConfig
-from pretrain.task import LoaderItem, ParamGroup, TokenNLLTask, decay_groups
+from hibert.runtime.task import LoaderItem, ParamGroup, TokenNLLTask, decay_groups
 
 DECODER_WEIGHTS = "decoder.safetensors"
 DECODER_CONFIG = "abstractive.json"
@@ -56,7 +56,7 @@ class AbstractiveTask(TokenNLLTask):
     def build_model(self) -> torch.nn.Module:
         model = self.new_model()
         if self.init_state is not None:
-            from pretrain.export import load_encoder
+            from hibert.runtime.export import load_encoder
 
             load_encoder(model.encoder, self.init_state)
         if self.init_decoder_state is not None:
@@ -102,7 +102,7 @@ class AbstractiveTask(TokenNLLTask):
 
     # ---------------------------------------------------------------- evaluation
     def evaluate(self, trainer) -> dict[str, float]:
-        from pretrain.export import gather_fp32_state_dict
+        from hibert.runtime.export import gather_fp32_state_dict
 
         metrics = super().evaluate(trainer)
         full = gather_fp32_state_dict(trainer.engine.module, "")

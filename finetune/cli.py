@@ -17,16 +17,16 @@ def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_finetune(cfg: Config, args: argparse.Namespace) -> int:
-    """The head named by `finetune.task` on the shared runtime (pretrain/runtime.py)."""
+    """The head named by `finetune.task` on the shared runtime (hibert/runtime/run.py)."""
     if getattr(args, "init", None):
         cfg.run.init = None if args.init == "random" else args.init
     cfg.run.stage = "finetune"
     cfg.objective.kind = cfg.finetune.task
     if args.nproc and "RANK" not in os.environ and "SLURM_PROCID" not in os.environ:
-        from pretrain.runtime import relaunch
+        from hibert.runtime.run import relaunch
 
         return relaunch(cfg, "finetune", args.nproc)
-    from pretrain.runtime import prepare_run, run_task
+    from hibert.runtime.run import prepare_run, run_task
 
     inputs = prepare_run(cfg)
     if inputs.init is not None:  # the encoder's own size and vocabulary; this run's dropout
@@ -56,7 +56,7 @@ def _run_abstractive(cfg: Config, inputs, model_cfg) -> int:
     from finetune.abstractive_data import FirstChunks
     from finetune.abstractive_task import AbstractiveTask
     from finetune.mds_task import MDSTask, ranked_view
-    from pretrain.runtime import run_task
+    from hibert.runtime.run import run_task
 
     decoder_state = None
     if cfg.finetune.init_decoder:
@@ -87,7 +87,7 @@ def _run_abstractive(cfg: Config, inputs, model_cfg) -> int:
 
 def _run_ranker(cfg: Config, inputs, model_cfg) -> int:
     from finetune.ranker_task import RankerTask, all_units_view
-    from pretrain.runtime import run_task
+    from hibert.runtime.run import run_task
 
     inputs.train, inputs.valid = all_units_view(inputs.train), all_units_view(inputs.valid)
     if len(inputs.train) == 0:
@@ -149,7 +149,7 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
     from finetune.mds_inference import is_mds_export
     from hibert.redact import redact_uri
     from hibert.registry import resolve_model, tracking_uri
-    from pretrain.trainer import file_hash
+    from hibert.hashing import file_hash
 
     log = logging.getLogger("hibert.evaluate")
     try:  # decoding flags that cannot work fail first, on one line naming the flag

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from hibert.config import Config
 from hibert.config.model import ModelConfig
 from modeling.packing import PackedDocuments, TensorBundle
-from pretrain.task import LoaderItem, Task
+from hibert.runtime.task import LoaderItem, Task
 
 
 @dataclass
@@ -55,7 +55,7 @@ class ExtractiveTask(Task):
 
         model = HibertExtractive(self.model_cfg)
         if self.init_state is not None:
-            from pretrain.export import load_encoder
+            from hibert.runtime.export import load_encoder
 
             load_encoder(model.encoder, self.init_state)
         return model

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from finetune.extractive_task import sentence_scores
-from pretrain.batching import doc_costs, plan_epoch
-from pretrain.export import load_encoder, read_export
+from hibert.runtime.batching import doc_costs, plan_epoch
+from hibert.runtime.export import load_encoder, read_export
 
 
 def load_extractive(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict[str, Any]]:

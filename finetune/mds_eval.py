@@ -58,7 +58,7 @@ def evaluate_clusters(cfg, args: argparse.Namespace, local: Path, ref: str, mds:
     from finetune.mds_inference import lead_first_document, lead_tokens, load_mds, tfidf_extract
     from finetune.mds_task import cluster_graphs, ranked_view
     from hibert.redact import redact_uri
-    from pretrain.trainer import file_hash
+    from hibert.hashing import file_hash
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     reports = compared_reports(args.compare, args.split)

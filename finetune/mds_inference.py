@@ -38,7 +38,7 @@ def load_mds(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torc
     from finetune.mds_task import MDS_CONFIG
     from hibert.config.abstractive import DecoderConfig
     from modeling.mds import HibertMDS
-    from pretrain.export import load_encoder, read_export
+    from hibert.runtime.export import load_encoder, read_export
 
     export_dir = Path(export_dir)
     enc, model_cfg, meta = read_export(export_dir)

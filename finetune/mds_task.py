@@ -15,7 +15,7 @@ import torch
 
 from finetune.abstractive_task import AbstractiveTask
 from hibert.config import Config
-from pretrain.task import LoaderItem
+from hibert.runtime.task import LoaderItem
 
 MDS_CONFIG = "mds.json"
 log = logging.getLogger("hibert")

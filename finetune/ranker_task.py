@@ -18,7 +18,7 @@ from torch import Tensor
 from hibert.config import Config
 from hibert.config.model import ModelConfig
 from modeling.packing import TensorBundle
-from pretrain.task import LoaderItem, ParamGroup, Task, decay_groups
+from hibert.runtime.task import LoaderItem, ParamGroup, Task, decay_groups
 
 RANKER_WEIGHTS = "ranker.safetensors"
 RANKER_CONFIG = "ranker.json"
@@ -70,7 +70,7 @@ class RankerTask(Task):
     def build_model(self) -> torch.nn.Module:
         model = self.new_model()
         if self.init_state is not None:
-            from pretrain.export import load_encoder
+            from hibert.runtime.export import load_encoder
 
             load_encoder(model.encoder, self.init_state)
         return model
@@ -117,7 +117,7 @@ class RankerTask(Task):
 
     # ---------------------------------------------------------------- evaluation
     def evaluate(self, trainer) -> dict[str, float]:
-        from pretrain.export import gather_fp32_state_dict
+        from hibert.runtime.export import gather_fp32_state_dict
 
         metrics = super().evaluate(trainer)
         full = gather_fp32_state_dict(trainer.engine.module, "")
@@ -188,7 +188,7 @@ def load_ranker(export_dir: Path, device: torch.device | str = "cpu") -> tuple[t
 
     from hibert.config.mds import MDSConfig
     from modeling.ranker import HibertRanker
-    from pretrain.export import load_encoder, read_export
+    from hibert.runtime.export import load_encoder, read_export
 
     export_dir = Path(export_dir)
     enc, model_cfg, meta = read_export(export_dir)

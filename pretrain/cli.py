@@ -27,7 +27,7 @@ def apply_cli(cfg: Config, args: argparse.Namespace) -> Config:
 def run(cfg: Config, args: argparse.Namespace) -> int:
     cfg = apply_cli(cfg, args)
     if args.nproc and "RANK" not in os.environ and "SLURM_PROCID" not in os.environ:
-        from pretrain.runtime import relaunch
+        from hibert.runtime.run import relaunch
 
         return relaunch(cfg, "pretrain", args.nproc)
     return train(cfg)
@@ -35,7 +35,7 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
 
 def train(cfg: Config) -> int:
     from pretrain.masked_sentence import MaskedSentenceTask
-    from pretrain.runtime import prepare_run, run_task
+    from hibert.runtime.run import prepare_run, run_task
 
     if cfg.objective.kind != "masked_sentence":
         raise SystemExit(f"hibert pretrain trains objective.kind=masked_sentence, not {cfg.objective.kind}")

@@ -9,13 +9,7 @@ import torch
 from hibert.config import Config
 from hibert.config.model import ModelConfig
 from pretrain.objective import mask_batch
-from pretrain.task import LoaderItem, TokenNLLTask
-
-
-def tokenizer_vocab_size(tokenizer_path: Path) -> int:
-    import sentencepiece as spm
-
-    return spm.SentencePieceProcessor(model_file=str(tokenizer_path)).get_piece_size()
+from hibert.runtime.task import LoaderItem, TokenNLLTask
 
 
 class MaskedSentenceTask(TokenNLLTask):
@@ -38,7 +32,7 @@ class MaskedSentenceTask(TokenNLLTask):
 
         model = HibertForPretraining(self.model_cfg, label_smoothing=self.cfg.objective.label_smoothing)
         if self.init_state is not None:  # previous stage's encoder; fresh decoder, optimizer and schedule
-            from pretrain.export import load_encoder
+            from hibert.runtime.export import load_encoder
 
             load_encoder(model.encoder, self.init_state)
         if self.cfg.deepspeed.zero_stage == 3 and self.model_cfg.tie_output_embeddings:

@@ -69,7 +69,7 @@ def chain_alias(alias: str, chain_id: str) -> str:
 
 def written_model(command: str, cfg: Config) -> tuple[str, str] | None:
     """(registered model, alias) the stage's run registers, or None. Mirrors `Task.registry_name` /
-    `registry_alias` (pretrain/task.py; finetune/*_task.py, the one `finetune.task` names, extractive where
+    `registry_alias` (hibert/runtime/task.py; finetune/*_task.py, the one `finetune.task` names, extractive where
     the config has no such key) without importing torch; tests/test_chain_handoff.py checks they agree."""
     if command not in TRAINING or not cfg.tracking.register_model:
         return None

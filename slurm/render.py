@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hibert.config.ops import SlurmResources
-from pretrain.dist_env import REQUEUE_EXIT_CODE
+from hibert.runtime.dist_env import REQUEUE_EXIT_CODE
 
 TEMPLATE = Path(__file__).with_name("templates") / "job.sbatch"
 

@@ -4,7 +4,7 @@
 jobs.json and the per-stage snapshots are the ones a cluster would run. The stages' registry side is
 the real one on a real sqlite store: what a stage registers under comes from its snapshot through the
 real `Task.registry_name/registry_alias`, and `hibert.registry.register_artifact_dir`; what a stage starts
-from is its snapshot's `run.init`, resolved by `hibert.registry.resolve_model` as `pretrain.runtime.load_init`
+from is its snapshot's `run.init`, resolved by `hibert.registry.resolve_model` as `hibert.runtime.run.load_init`
 does. Only the training is left out: the exports are tiny directories that say which chain wrote them.
 """
 import itertools
@@ -72,7 +72,7 @@ def snapshot(jobs: dict, stage: str):
 
 
 def registry_of(command: str, cfg) -> tuple[str, str | None]:
-    """(model, alias) the stage's run registers, from the real tasks (pretrain/publish.py calls these):
+    """(model, alias) the stage's run registers, from the real tasks (hibert/runtime/publish.py calls these):
     `hibert pretrain` trains the masked-sentence task, `hibert finetune` the one `finetune.task` names."""
     from pretrain.masked_sentence import MaskedSentenceTask
 
@@ -107,7 +107,7 @@ _starts = itertools.count()
 
 
 def start(cfg, tmp_path) -> str:
-    """What the start of a training run does with run.init (pretrain.runtime.load_init): which export it gets."""
+    """What the start of a training run does with run.init (hibert.runtime.run.load_init): which export it gets."""
     dst = tmp_path / "init" / f"{cfg.run.name}-{next(_starts)}"
     dst.mkdir(parents=True)
     local = resolve_model(cfg.run.init, tracking_uri(cfg.tracking.uri, cfg.run.output_dir), dst)

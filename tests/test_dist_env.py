@@ -1,10 +1,10 @@
-"""Launcher environments -> ranks (pretrain/dist_env.py): Slurm layouts, torchrun/deepspeed, hostlists."""
+"""Launcher environments -> ranks (hibert/runtime/dist_env.py): Slurm layouts, torchrun/deepspeed, hostlists."""
 import shutil
 import subprocess
 
 import pytest
 
-from pretrain.dist_env import (
+from hibert.runtime.dist_env import (
     REQUEUE_EXIT_CODE,
     detect_dist_env,
     expand_hostlist,

@@ -150,7 +150,7 @@ def test_abstractive_decoder_starts_from_the_pretraining_decoder(finetuned, tmp_
 
     from hibert.config.model import ModelConfig
     from modeling.pretraining import HibertForPretraining
-    from pretrain.export import write_export
+    from hibert.runtime.export import write_export
 
     root, _ = finetuned
     dataset = finetuned_dataset(finetuned)

@@ -84,7 +84,7 @@ def test_select_units_keeps_the_best_prefix_of_the_ranking_that_fits_the_budget(
 
 # ---------------------------------------------------------------------------------------------- model
 def test_ranker_loads_registered_encoders_strictly():
-    from pretrain.export import load_encoder
+    from hibert.runtime.export import load_encoder
 
     torch.manual_seed(0)
     ranker = HibertRanker(ENC)

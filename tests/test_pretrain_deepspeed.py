@@ -107,7 +107,7 @@ def test_kill9_then_resume_is_bit_identical(tiny_data, tmp_path, reference_run):
 
 
 def test_sigusr1_checkpoints_exits_for_requeue_and_resumes(tiny_data, tmp_path, reference_run):
-    from pretrain.dist_env import REQUEUE_EXIT_CODE
+    from hibert.runtime.dist_env import REQUEUE_EXIT_CODE
 
     args = ["pretrain", *tiny_train_overrides(tmp_path, "ref", tiny_data["open"], **{
         "schedule.max_steps": 8, "checkpoint.every_steps": 100}), "--stage", "open-domain", "--nproc", "2"]
@@ -164,7 +164,7 @@ def test_stage_two_starts_from_the_registered_stage_one_encoder(tiny_data, tmp_p
 def test_masks_identical_across_loader_worker_counts(tiny_data):
     from data_prep import DocumentDataset
     from hibert.config import load_config
-    from pretrain.loader import make_loader
+    from hibert.runtime.loader import make_loader
     from pretrain.masked_sentence import MaskedSentenceTask
 
     cfg = load_config(None, ["model=hibert_tiny"])

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from hibert.tokens import MASK_ID
-from pretrain.batching import doc_costs, plan_epoch
-from pretrain.checkpoint import MARKER, verify, write_marker
+from hibert.runtime.batching import doc_costs, plan_epoch
+from hibert.runtime.checkpoint import MARKER, verify, write_marker
 from hibert.config.training import ObjectiveConfig
 from pretrain.objective import KEEP, MASK, RANDOM, mask_document, num_selected, other_document_sentence
-from pretrain.rng_state import load_rng_state, save_rng_state
-from pretrain.schedule import lr_multiplier
+from hibert.runtime.rng_state import load_rng_state, save_rng_state
+from hibert.runtime.schedule import lr_multiplier
 
 
 def _docs(n_docs=50, seed=0):

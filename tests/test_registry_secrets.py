@@ -12,7 +12,7 @@ import torch.distributed as dist
 from conftest import REPO
 from hibert import registry_cli
 from hibert.redact import MASK, is_secret_name, redact_config_dict, redact_uri
-from pretrain.checkpoint import FORMAT, MARKER, CheckpointManager, verify, write_marker
+from hibert.runtime.checkpoint import FORMAT, MARKER, CheckpointManager, verify, write_marker
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -108,7 +108,7 @@ def mlflow_env(monkeypatch, tmp_path):
 def test_tracker_logs_no_secret_as_param_or_tag(tmp_path, mlflow_env):
     from hibert.config import load_config
     from hibert.registry import client
-    from pretrain.tracking import Tracker
+    from hibert.runtime.tracking import Tracker
 
     store = tmp_path / "store"
     store.mkdir()

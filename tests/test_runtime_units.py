@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pretrain.publish import NothingTrained, publish
-from pretrain.step_log import StepLog, banner, metric_line
+from hibert.runtime.publish import NothingTrained, publish
+from hibert.runtime.step_log import StepLog, banner, metric_line
 
 
 def test_step_line_starts_with_progress_then_loss_and_has_eta():
@@ -31,7 +31,7 @@ def test_metric_line_and_banner_are_plain_text():
 def test_window_reports_collate_time_and_the_step_breakdown_per_step():
     import torch
 
-    from pretrain.metrics import PhaseClock, Window
+    from hibert.runtime.metrics import PhaseClock, Window
 
     w = Window(peak_tflops=None, world_size=2)
     for collate in (0.004, 0.006):
@@ -59,9 +59,9 @@ def test_a_run_without_optimizer_steps_is_never_published():
 CHILD = textwrap.dedent("""
     import torch
     from hibert.config import load_config
-    from pretrain.engine import build_engine, init_distributed
-    from pretrain.schedule import lr_multiplier
-    from pretrain.task import ParamGroup
+    from hibert.runtime.engine import build_engine, init_distributed
+    from hibert.runtime.schedule import lr_multiplier
+    from hibert.runtime.task import ParamGroup
 
     cfg = load_config(None, ["optimizer.lr=0.01", "schedule.warmup_steps=4", "deepspeed.zero_stage=1"])
     rt = init_distributed(cfg)
@@ -96,7 +96,7 @@ def test_an_init_export_with_another_tokenizer_or_none_is_refused(tmp_path):
     from data_prep import tokenizer as tok
     from hibert.config import load_config
     from hibert.config.data import TokenizerConfig
-    from pretrain.runtime import InitModel, check_init_compatible
+    from hibert.runtime.run import InitModel, check_init_compatible
 
     repo = Path(__file__).resolve().parents[1]
     lines = (repo / "samples" / "reuters_sample.jsonl").read_text().splitlines()[:40]

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from pretrain.dist_env import REQUEUE_EXIT_CODE, master_port_for_job
+from hibert.runtime.dist_env import REQUEUE_EXIT_CODE, master_port_for_job
 from slurm_helpers import log_text, python_command, slurm_cluster  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slurm
@@ -16,7 +16,7 @@ ALLREDUCE = textwrap.dedent("""
     from datetime import timedelta
     import torch
     import torch.distributed as dist
-    from pretrain.dist_env import detect_dist_env
+    from hibert.runtime.dist_env import detect_dist_env
 
     env = detect_dist_env().export()
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=40))
@@ -35,7 +35,7 @@ ALLREDUCE = textwrap.dedent("""
 COUNTER = textwrap.dedent("""
     import os, signal, sys, time
     from pathlib import Path
-    from pretrain.dist_env import REQUEUE_EXIT_CODE, detect_dist_env
+    from hibert.runtime.dist_env import REQUEUE_EXIT_CODE, detect_dist_env
 
     out, target = Path(sys.argv[1]), int(sys.argv[2])
     env = detect_dist_env()

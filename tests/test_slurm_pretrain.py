@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from conftest import tiny_train_overrides
-from pretrain.dist_env import REQUEUE_EXIT_CODE
+from hibert.runtime.dist_env import REQUEUE_EXIT_CODE
 from slurm_helpers import log_text, slurm_cluster  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

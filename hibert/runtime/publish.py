@@ -12,7 +12,7 @@ import torch.distributed as dist
 from hibert.config import config_hash
 from hibert.redact import redact_uri
 from hibert.registry import register_artifact_dir
-from pretrain.export import write_export
+from hibert.runtime.export import write_export
 
 log = logging.getLogger("hibert.train")
 
@@ -31,7 +31,7 @@ def publish(trainer, step: int, metrics: dict[str, float]) -> tuple[Path, str | 
     out = trainer.run_dir / "export"
     version = None
     if rt.is_main:
-        from pretrain.tracking import git_commit
+        from hibert.runtime.tracking import git_commit
 
         p = trainer.encoder_prefix
         encoder = {k[len(p):]: v for k, v in full.items() if k.startswith(p)}

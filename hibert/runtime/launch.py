@@ -1,7 +1,7 @@
 """`--nproc N`: start N local ranks of the same command (CPU gloo or one GPU each).
 
 A thin launcher rather than torchrun so that (a) SIGUSR1/SIGTERM reach every rank (preemption) and
-(b) the requeue exit code survives. Clusters use srun/torchrun/deepspeed; pretrain.dist_env maps them all.
+(b) the requeue exit code survives. Clusters use srun/torchrun/deepspeed; hibert.runtime.dist_env maps them all.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from pretrain.dist_env import REQUEUE_EXIT_CODE
+from hibert.runtime.dist_env import REQUEUE_EXIT_CODE
 
 
 def free_port() -> int:

@@ -1,6 +1,6 @@
 """The runtime API every training command builds on (pretraining, extractive, abstractive, multi-document).
 
-A head is a `Task` (pretrain/task.py: model, micro-batches, loss, metrics, export extras, optimizer groups)
+A head is a `Task` (hibert/runtime/task.py: model, micro-batches, loss, metrics, export extras, optimizer groups)
 plus a few lines of command code:
 
     inputs = prepare_run(cfg)                 # ranks, logging, train/valid data, run.init resolved + checked
@@ -22,7 +22,7 @@ from typing import Any
 from hibert.config import Config, save_resolved
 from hibert.config.model import ModelConfig
 from hibert.logs import setup_logging
-from pretrain.task import LoaderItem, ParamGroup, Task
+from hibert.runtime.task import LoaderItem, ParamGroup, Task
 
 __all__ = ["InitModel", "LoaderItem", "ParamGroup", "RunInputs", "Task", "prepare_run", "relaunch", "run_task",
            "load_init", "check_init_compatible"]
@@ -48,7 +48,7 @@ class InitModel:
 @dataclass
 class RunInputs:
     """What every training command sets up the same way before building its task."""
-    rt: Any                          # pretrain.engine.Runtime
+    rt: Any                          # hibert.runtime.engine.Runtime
     train: Any                       # data_prep.DocumentDataset
     valid: Any
     init: InitModel | None
@@ -57,7 +57,7 @@ class RunInputs:
 
 def relaunch(cfg: Config, command: str, nproc: int) -> int:
     """Re-run this command on `nproc` local ranks with the resolved config as the recipe."""
-    from pretrain.launch import launch_local
+    from hibert.runtime.launch import launch_local
 
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     path = save_resolved(cfg, Path(tempfile.mkdtemp(prefix="launch-", dir=cfg.run_dir)))
@@ -75,7 +75,7 @@ def load_init(cfg: Config, rank: int = 0) -> InitModel | None:
     import torch.distributed as dist
 
     from hibert.registry import resolve_model, tracking_uri
-    from pretrain.export import read_export
+    from hibert.runtime.export import read_export
 
     box = [None]
     if rank == 0:
@@ -92,7 +92,7 @@ def check_init_compatible(cfg: Config, init: InitModel, dataset_tokenizer: Path,
     """Refuse an init encoder of another size or tokenizer than this run's (a silent mismatch would train
     on garbage ids or fail deep inside load_state_dict). Every export carries the tokenizer its encoder was
     trained with; one without it is damaged (or hand-made), and nothing would show which ids it reads."""
-    from pretrain.trainer import file_hash
+    from hibert.hashing import file_hash
 
     for k in keys:
         if getattr(init.model_cfg, k) != getattr(cfg.model, k):
@@ -110,8 +110,8 @@ def check_init_compatible(cfg: Config, init: InitModel, dataset_tokenizer: Path,
 
 def prepare_run(cfg: Config, check_init: bool = True) -> RunInputs:
     from data_prep import DocumentDataset
-    from pretrain.engine import init_distributed
-    from pretrain.masked_sentence import tokenizer_vocab_size
+    from hibert.runtime.engine import init_distributed
+    from data_prep.tokenizer import vocab_size
 
     rt = init_distributed(cfg)
     setup_logging(rt.rank)
@@ -123,16 +123,16 @@ def prepare_run(cfg: Config, check_init: bool = True) -> RunInputs:
             check_init_compatible(cfg, init, train_data.tokenizer_path)
         except ValueError as e:  # a configuration error, not a crash: one line, before any training
             raise SystemExit(f"hibert: {e}") from None
-    return RunInputs(rt, train_data, valid_data, init, tokenizer_vocab_size(train_data.tokenizer_path))
+    return RunInputs(rt, train_data, valid_data, init, vocab_size(train_data.tokenizer_path))
 
 
 def run_task(cfg: Config, inputs: RunInputs, task: Task, command: str) -> int:
     """Train `task` with the shared Trainer; exit code 75 (requeue) when preempted."""
     import torch.distributed as dist
 
-    from pretrain.dist_env import REQUEUE_EXIT_CODE
-    from pretrain.publish import NothingTrained
-    from pretrain.trainer import Trainer
+    from hibert.runtime.dist_env import REQUEUE_EXIT_CODE
+    from hibert.runtime.publish import NothingTrained
+    from hibert.runtime.trainer import Trainer
 
     try:
         result = Trainer(cfg, task, inputs.rt, inputs.train, inputs.valid).fit()

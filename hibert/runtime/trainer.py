@@ -5,7 +5,6 @@ validator (`schedule.eval_every`: evaluation, early stopping, model selection), 
 Pretraining and every finetuning head run through it with their own `Task`."""
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import sys
@@ -18,17 +17,18 @@ import torch
 import torch.distributed as dist
 
 from hibert.config import Config, config_hash, save_resolved
-from pretrain.batching import BatchPlan, doc_costs, plan_epoch
-from pretrain.checkpoint import CheckpointManager
-from pretrain.engine import Runtime, build_engine
-from pretrain.loader import make_loader
-from pretrain.metrics import PhaseClock, Window, default_peak_tflops, peak_memory_gb
-from pretrain.preemption import PreemptionFlag
-from pretrain.publish import publish
-from pretrain.step_log import StepLog, banner
-from pretrain.task import Task
-from pretrain.tracking import Tracker
-from pretrain.validation import Validator
+from hibert.hashing import file_hash
+from hibert.runtime.batching import BatchPlan, doc_costs, plan_epoch
+from hibert.runtime.checkpoint import CheckpointManager
+from hibert.runtime.engine import Runtime, build_engine
+from hibert.runtime.loader import make_loader
+from hibert.runtime.metrics import PhaseClock, Window, default_peak_tflops, peak_memory_gb
+from hibert.runtime.preemption import PreemptionFlag
+from hibert.runtime.publish import publish
+from hibert.runtime.step_log import StepLog, banner
+from hibert.runtime.task import Task
+from hibert.runtime.tracking import Tracker
+from hibert.runtime.validation import Validator
 
 log = logging.getLogger("hibert.train")
 
@@ -41,13 +41,6 @@ class TrainResult:
     metrics: dict[str, float]
     registered_version: str | None = None
 
-
-def file_hash(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:16]
 
 
 def _all_sum(values: dict[str, float], device: torch.device) -> dict[str, float]:

@@ -1,11 +1,11 @@
-"""What a training job trains. The one training loop (`pretrain.trainer.Trainer`) drives any Task:
+"""What a training job trains. The one training loop (`hibert.runtime.trainer.Trainer`) drives any Task:
 masked-sentence pretraining here, extractive and abstractive finetuning in finetune/ — no second loop.
 
 A task supplies: `build_model`, `make_item` (DataLoader workers: a pure function of its arguments), `loss`
 (forward + additive statistics), `summarize` (statistics -> metrics), `model_config`; optionally
 `evaluate` (validation metrics; default: the loss statistics on the validation split), `param_groups`
 (optimizer groups with their own lr scale and warmup), `registry_name`/`registry_alias` and
-`write_export_extras`. See pretrain/runtime.py for how a command runs a task."""
+`write_export_extras`. See hibert/runtime/run.py for how a command runs a task."""
 from __future__ import annotations
 
 import math

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pretrain.rng_state import load_rng_state, save_rng_state
+from hibert.runtime.rng_state import load_rng_state, save_rng_state
 
 log = logging.getLogger(__name__)
 MARKER = "COMPLETE.json"

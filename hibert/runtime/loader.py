@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from pretrain.preemption import ignore_preemption_signals
-from pretrain.task import LoaderItem, Task
+from hibert.runtime.preemption import ignore_preemption_signals
+from hibert.runtime.task import LoaderItem, Task
 
 
 class MicroBatches(Dataset):

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from pretrain.export import gather_fp32_state_dict
+from hibert.runtime.export import gather_fp32_state_dict
 
 
 class Validator:
