@@ -44,7 +44,7 @@ def run_finetune(cfg: Config, args: argparse.Namespace) -> int:
     if clusters:
         raise SystemExit(f"hibert finetune: finetune.task=extractive reads documents; {cfg.data.dataset_dir} "
                          "holds clusters (use finetune.task=ranker, mds or abstractive)")
-    from finetune.extractive_task import ExtractiveTask
+    from finetune.extractive.task import ExtractiveTask
 
     task = ExtractiveTask(cfg, model_cfg, inputs.init.state if inputs.init else None)
     return run_task(cfg, inputs, task, "finetune")
@@ -53,9 +53,10 @@ def run_finetune(cfg: Config, args: argparse.Namespace) -> int:
 def _run_abstractive(cfg: Config, inputs, model_cfg) -> int:
     """The abstractive head on documents (first chunks), the flat baseline on clusters (ranked units back to
     back as one document), or the hierarchical multi-document model (finetune.task=mds)."""
-    from finetune.abstractive_data import FirstChunks
-    from finetune.abstractive_task import AbstractiveTask
-    from finetune.mds_task import MDSTask, ranked_view
+    from finetune.abstractive.data import FirstChunks
+    from finetune.abstractive.task import AbstractiveTask
+    from finetune.mds.task import MDSTask
+    from finetune.ranker.ranking import ranked_view
     from hibert.runtime.run import run_task
 
     decoder_state = None
@@ -86,7 +87,8 @@ def _run_abstractive(cfg: Config, inputs, model_cfg) -> int:
 
 
 def _run_ranker(cfg: Config, inputs, model_cfg) -> int:
-    from finetune.ranker_task import RankerTask, all_units_view
+    from finetune.base.clusters import all_units_view
+    from finetune.ranker.task import RankerTask
     from hibert.runtime.run import run_task
 
     inputs.train, inputs.valid = all_units_view(inputs.train), all_units_view(inputs.valid)
@@ -126,7 +128,7 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: as trained; e.g. train on 800, test on 1600)")
     p.add_argument("--ranking", default=None, help="clusters: how units are ranked before the budget cut "
                    "(tfidf, lead, oracle, or a ranker: models:/hibert-ranker@finetuned); default: the model's")
-    from finetune.abstractive_eval import add_generation_arguments
+    from finetune.base.generation import add_generation_arguments
 
     add_generation_arguments(p)
 
@@ -141,15 +143,20 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
     import torch
 
     from data_prep import DocumentDataset
-    from finetune.abstractive_eval import (DecodingFlagError, check_generation_flags, evaluate_abstractive,
-                                           generation_for_export, is_abstractive_export)
-    from finetune.evaluation import (chunk_to_doc_scores, documents, evaluate_systems, tune_selection,
-                                     write_report)
-    from finetune.inference import load_extractive, score_split
-    from finetune.mds_inference import is_mds_export
+    from finetune.abstractive.evaluate import evaluate_abstractive
+    from finetune.abstractive.export import generation_for_export, is_abstractive_export
+    from finetune.base.generation import DecodingFlagError, check_generation_flags
+    from finetune.base.report import documents, write_report
+    from finetune.extractive.evaluate import (
+        chunk_to_doc_scores,
+        evaluate_systems,
+        tune_selection,
+    )
+    from finetune.extractive.export import load_extractive, score_split
+    from finetune.mds.export import is_mds_export
+    from hibert.hashing import file_hash
     from hibert.redact import redact_uri
     from hibert.registry import resolve_model, tracking_uri
-    from hibert.hashing import file_hash
 
     log = logging.getLogger("hibert.evaluate")
     try:  # decoding flags that cannot work fail first, on one line naming the flag
@@ -205,7 +212,7 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
     if tuning:
         (out / "tuning.json").write_text(json.dumps(tuning, indent=1))
     if args.compare:
-        from finetune.abstractive_eval import compared_reports, pair_with_reports
+        from finetune.base.report import compared_reports, pair_with_reports
 
         pair_with_reports(result, compared_reports(args.compare, args.split), args.bootstrap)
         paths = write_report(out, result, docs, report_meta)
@@ -215,10 +222,11 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def _evaluate_clusters(cfg: Config, args: argparse.Namespace, local: Path, ref: str, uri: str) -> int:
-    from finetune.abstractive_eval import is_abstractive_export
-    from finetune.mds_eval import evaluate_clusters, evaluate_ranker
-    from finetune.mds_inference import is_mds_export
-    from finetune.rouge_eval import format_p
+    from finetune.abstractive.evaluate import evaluate_clusters
+    from finetune.abstractive.export import is_abstractive_export
+    from finetune.base.rouge import format_p
+    from finetune.mds.export import is_mds_export
+    from finetune.ranker.evaluate import evaluate_ranker
 
     if (local / "ranker.json").is_file():
         done = evaluate_ranker(cfg, args, local, ref)
@@ -240,7 +248,7 @@ def _evaluate_clusters(cfg: Config, args: argparse.Namespace, local: Path, ref: 
 
 
 def _print_scores(result: dict, paths: dict) -> None:
-    from finetune.rouge_eval import format_p
+    from finetune.base.rouge import format_p
 
     for name, sc in result["systems"].items():
         print(f"{name:8s} " + "  ".join(f"{m.replace('_f', '')}={sc[m]['mean']:.2f}"
@@ -282,18 +290,17 @@ def add_summarize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=None, help="sentences to extract (default: the model's)")
     p.add_argument("--limit", type=int, default=None, help="summarize at most N documents of a JSONL input")
     p.add_argument("--json", action="store_true", help="print one JSON object per document")
-    from finetune.abstractive_eval import add_generation_arguments
+    from finetune.base.generation import add_generation_arguments
 
     add_generation_arguments(p)
 
 
 def _summarize_clusters(cfg: Config, args: argparse.Namespace, local: Path, inputs, device: str, gen) -> int:
     """`gen`: the export's generation settings with the flags on top (checked before any weights load)."""
-    from finetune.summarize import ClusterSummarizer
+    from finetune.base.clusters import RANKINGS
+    from finetune.mds.export import load_mds
+    from finetune.mds.summarize import ClusterSummarizer
     from hibert.registry import resolve_model, tracking_uri
-
-    from finetune.mds_data import RANKINGS
-    from finetune.mds_inference import load_mds
 
     ranking = args.ranking or load_mds(local, "cpu")[1]["mds"].ranking
     ranker_dir = None
@@ -316,13 +323,13 @@ def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
 
     import torch
 
-    from finetune.abstractive_eval import (DecodingFlagError, check_generation_flags, generation_for_export,
-                                           is_abstractive_export)
-    from finetune.summarize import AbstractiveSummarizer, InputError, Summarizer, read_documents
+    from finetune.abstractive.export import generation_for_export, is_abstractive_export
+    from finetune.abstractive.summarize import AbstractiveSummarizer
+    from finetune.base.generation import DecodingFlagError, check_generation_flags
+    from finetune.base.text import InputError, read_clusters, read_documents
+    from finetune.extractive.summarize import Summarizer
+    from finetune.mds.export import is_mds_export
     from hibert.registry import resolve_model, tracking_uri
-
-    from finetune.mds_inference import is_mds_export
-    from finetune.summarize import read_clusters
 
     try:  # decoding flags that cannot work fail first, on one line naming the flag
         check_generation_flags(args)

@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def load_system(item: str, split: str) -> tuple[str, dict[str, Any], list[str]]:
     """(name, {metric: per-document F1}, document ids) of one `[NAME=]PATH[#SYSTEM]`."""
-    from finetune.abstractive_eval import compared_reports
+    from finetune.base.report import compared_reports
 
     spec, _, system = item.partition("#")
     name, _, path = spec.rpartition("=")
@@ -43,8 +43,8 @@ def load_system(item: str, split: str) -> tuple[str, dict[str, Any], list[str]]:
 
 
 def compare(items: list[str], split: str, n_resamples: int) -> dict[str, Any]:
-    from finetune.evaluation import HEADLINE
-    from finetune.rouge_eval import bootstrap_ci, paired_bootstrap
+    from finetune.base.report import HEADLINE
+    from finetune.base.rouge import bootstrap_ci, paired_bootstrap
 
     systems = [load_system(item, split) for item in items]
     ref_name, ref_scores, ref_ids = systems[0]
@@ -68,8 +68,8 @@ def compare(items: list[str], split: str, n_resamples: int) -> dict[str, Any]:
 
 
 def render(result: dict[str, Any]) -> str:
-    from finetune.evaluation import HEADLINE
-    from finetune.rouge_eval import format_p
+    from finetune.base.report import HEADLINE
+    from finetune.base.rouge import format_p
 
     heads = [m.replace("_f", "") for m in HEADLINE]
     lines = ["| system | documents | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(heads)]

@@ -117,7 +117,6 @@ def plot_losses(cfg: Config, out: Path) -> Path | None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import mlflow
 
     from hibert.registry import client, tracking_uri
 
@@ -200,7 +199,7 @@ def print_results(reports: list[dict], names: list[str]) -> None:
 
 def print_paired(members: list[tuple[str, dict]]) -> None:
     """Each encoder-initialized model against the random-init one, paired over the same documents."""
-    from finetune.rouge_eval import format_p, paired_bootstrap
+    from finetune.base.rouge import format_p, paired_bootstrap
 
     base = next(((n, r) for n, r in members if not r["meta"].get("encoder_init")), None)
     if base is None or "per_document" not in base[1]:

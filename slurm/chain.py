@@ -34,7 +34,7 @@ ALIAS_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")      # TrackingConfig.alias
 CHAIN_ID_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 MAX_ALIAS = 255                                           # MLflow's limit
 TRAINING = ("pretrain", "finetune")
-# registry_name of the finetuning tasks (finetune/extractive_task.py, finetune/abstractive_task.py)
+# registry_name of the finetuning tasks (the heads registered in finetune/heads.py)
 FINETUNED_MODELS = {"extractive": "hibert-extractive", "abstractive": "hibert-abstractive"}
 _MODELS_REF = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>[^/@]+))/?$")
 

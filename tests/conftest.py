@@ -19,7 +19,6 @@ def repo() -> Path:
 
 
 # ---------------------------------------------------------------- shared prepared datasets
-import json as _json
 import subprocess as _subprocess
 import sys as _sys
 

@@ -80,9 +80,9 @@ def registry_of(command: str, cfg) -> tuple[str, str | None]:
     if command == "finetune":
         kind = getattr(getattr(cfg, "finetune", None), "task", "extractive")
         if kind == "abstractive":
-            from finetune.abstractive_task import AbstractiveTask as cls
+            from finetune.abstractive.task import AbstractiveTask as cls
         else:
-            from finetune.extractive_task import ExtractiveTask as cls
+            from finetune.extractive.task import ExtractiveTask as cls
     task = object.__new__(cls)
     return task.registry_name(cfg), task.registry_alias(cfg)
 

@@ -6,7 +6,6 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from hibert.config.abstractive import DecoderConfig, GenerationConfig
 from hibert.config.model import ModelConfig

@@ -373,7 +373,7 @@ def test_mds_config_switches_the_graph_head_and_structural_attention_separately(
 
 
 def test_exports_without_global_layer_form_load_as_v0():
-    from finetune.mds_inference import stored_mds_config
+    from finetune.mds.export import stored_mds_config
 
     assert stored_mds_config({"global_layers": 1}).global_layer == "v0"
     assert stored_mds_config(MDSConfig().model_dump(mode="json")).global_layer == "liu_lapata"

@@ -3,7 +3,6 @@ registry stages. Every multi-process step has a hard timeout."""
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 

@@ -1,5 +1,4 @@
 """Pure pieces of the pretraining runtime: masking, batch plans, lr schedule, RNG state, checkpoint checks."""
-import json
 import math
 import random
 
@@ -9,7 +8,7 @@ import torch
 
 from hibert.tokens import MASK_ID
 from hibert.runtime.batching import doc_costs, plan_epoch
-from hibert.runtime.checkpoint import MARKER, verify, write_marker
+from hibert.runtime.checkpoint import verify, write_marker
 from hibert.config.training import ObjectiveConfig
 from pretrain.objective import KEEP, MASK, RANDOM, mask_document, num_selected, other_document_sentence
 from hibert.runtime.rng_state import load_rng_state, save_rng_state

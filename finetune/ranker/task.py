@@ -15,13 +15,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from finetune.ranker.export import RANKER_CONFIG, RANKER_WEIGHTS, score_clusters
 from hibert.config import Config
 from hibert.config.model import ModelConfig
-from modeling.packing import TensorBundle
 from hibert.runtime.task import LoaderItem, ParamGroup, Task, decay_groups
-
-RANKER_WEIGHTS = "ranker.safetensors"
-RANKER_CONFIG = "ranker.json"
+from modeling.packing import TensorBundle
 
 
 @dataclass
@@ -35,13 +33,6 @@ class RankerBatch(TensorBundle):
 
     def pin_memory(self) -> "RankerBatch":
         return RankerBatch(self.clusters.pin_memory(), self.labels.pin_memory())
-
-
-def all_units_view(dataset):
-    """Every unit of every cluster with a summary, in document order (the ranker scores all of them)."""
-    from finetune.mds_data import RankedClusters
-
-    return RankedClusters(dataset, ranking="lead", budget=np.iinfo(np.int64).max // 2)
 
 
 class RankerTask(Task):
@@ -130,8 +121,8 @@ class RankerTask(Task):
 
     def selection_metrics(self, state: dict[str, Tensor], data, device: torch.device) -> dict[str, float]:
         """ROUGE-L recall of the top 5 units by the model and by tf-idf on the first clusters of `data`."""
-        from finetune.mds_data import rank_order, tfidf_scores
-        from finetune.ranker_eval import ranking_table
+        from finetune.base.clusters import rank_order, tfidf_scores
+        from finetune.ranker.metrics import ranking_table
 
         model = self.new_model()
         model.load_state_dict(state)
@@ -151,56 +142,3 @@ class RankerTask(Task):
         head = {k: v.contiguous() for k, v in full_state.items() if not k.startswith("encoder.")}
         save_file(head, str(Path(out_dir) / RANKER_WEIGHTS))
         (Path(out_dir) / RANKER_CONFIG).write_text(json.dumps({"mds": self.cfg.mds.model_dump(mode="json")}, indent=1))
-
-
-@torch.no_grad()
-def score_clusters(model: torch.nn.Module, clusters: list[list[list[np.ndarray]]], device: torch.device | str,
-                   max_tokens: int = 32768) -> list[np.ndarray]:
-    """Ranker scores of every unit of every cluster (clusters batched up to `max_tokens`), in input order."""
-    from modeling.clusters import pack_clusters
-
-    out: list[np.ndarray] = []
-    batch: list[list[list[np.ndarray]]] = []
-    tokens = 0
-
-    def flush() -> None:
-        if batch:
-            packed = pack_clusters(batch).to(device)
-            s = model(packed.units).float().cpu().numpy()
-            counts = [len(c) for c in batch]
-            out.extend(np.split(s, np.cumsum(counts)[:-1]))
-            batch.clear()
-
-    for c in clusters:
-        n = sum(len(s) + 1 for u in c for s in u)
-        if batch and tokens + n > max_tokens:
-            flush()
-            tokens = 0
-        batch.append(c)
-        tokens += n
-    flush()
-    return out
-
-
-def load_ranker(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict]:
-    """(ranker in eval mode, settings) from an export written by this task."""
-    from safetensors.torch import load_file
-
-    from hibert.config.mds import MDSConfig
-    from modeling.ranker import HibertRanker
-    from hibert.runtime.export import load_encoder, read_export
-
-    export_dir = Path(export_dir)
-    enc, model_cfg, meta = read_export(export_dir)
-    if not (export_dir / RANKER_WEIGHTS).is_file():
-        raise FileNotFoundError(f"{export_dir} holds no ranker ({RANKER_WEIGHTS}): pass a model produced by "
-                                "`hibert finetune finetune.task=ranker`")
-    mds = MDSConfig.model_validate(json.loads((export_dir / RANKER_CONFIG).read_text())["mds"])
-    model = HibertRanker(model_cfg, mds.ranker_pool)
-    load_encoder(model.encoder, enc)
-    missing, unexpected = model.load_state_dict(load_file(str(export_dir / RANKER_WEIGHTS)), strict=False)
-    missing = [k for k in missing if not k.startswith("encoder.")]
-    if missing or unexpected:
-        raise ValueError(f"{export_dir}/{RANKER_WEIGHTS} does not fit the ranker: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
-    return model.to(device).eval(), {**meta, "mds": mds.model_dump(), "model": model_cfg.model_dump()}

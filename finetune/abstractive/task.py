@@ -6,8 +6,7 @@ Two optimizer groups under the one schedule: the decoder at optimizer.lr with sc
 Validation reports the teacher-forced loss of the whole split and the ROUGE of beam-search summaries of its
 first `finetune.eval_decode_docs` documents; `valid_rouge` (mean of ROUGE-1/2/L F1) drives model
 selection and early stopping. Decoding runs on rank 0 on a plain copy of the gathered fp32 weights, so
-it works the same under every ZeRO stage (a ZeRO-3 forward is collective; beams end at different steps).
-"""
+it works the same under every ZeRO stage (a ZeRO-3 forward is collective; beams end at different steps)."""
 from __future__ import annotations
 
 import json
@@ -17,13 +16,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from finetune.abstractive.export import (
+    DECODER_CONFIG,
+    DECODER_WEIGHTS,
+    GENERATION_CONFIG,
+)
 from hibert.config import Config
 from hibert.config.model import ModelConfig
 from hibert.runtime.task import LoaderItem, ParamGroup, TokenNLLTask, decay_groups
-
-DECODER_WEIGHTS = "decoder.safetensors"
-DECODER_CONFIG = "abstractive.json"
-GENERATION_CONFIG = "generation.json"
 
 
 class AbstractiveTask(TokenNLLTask):
@@ -77,7 +77,7 @@ class AbstractiveTask(TokenNLLTask):
 
     # ---------------------------------------------------------------- data
     def make_item(self, dataset, doc_indices: np.ndarray, epoch: int) -> LoaderItem:
-        from finetune.abstractive_data import target_ids
+        from finetune.abstractive.data import target_ids
         from modeling import flops_per_batch
         from modeling.abstractive import make_abstractive_batch
 
@@ -115,8 +115,8 @@ class AbstractiveTask(TokenNLLTask):
 
     def decode_rouge(self, state: dict[str, torch.Tensor], data, device: torch.device) -> dict[str, float]:
         """ROUGE of beam-search summaries of the first `eval_decode_docs` documents of `data`."""
-        from finetune.abstractive_inference import Decoder
-        from finetune.rouge_eval import Rouge
+        from finetune.base.decoding import Decoder
+        from finetune.base.rouge import Rouge
 
         model = self.new_model()
         model.load_state_dict(state)
@@ -140,7 +140,7 @@ class AbstractiveTask(TokenNLLTask):
         settings = {"decoder": self.cfg.decoder.model_dump(mode="json"),
                     "max_target_tokens": self.cfg.finetune.max_target_tokens}
         if self.reads_clusters:  # how its units were ranked and cut, so evaluation reads them the same way
-            from finetune.mds_task import trained_mds_settings
+            from finetune.ranker.ranking import trained_mds_settings
 
             settings["mds"] = trained_mds_settings(self.cfg)
         (Path(out_dir) / DECODER_CONFIG).write_text(json.dumps(settings, indent=1))

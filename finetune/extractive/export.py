@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from finetune.extractive_task import sentence_scores
+from finetune.extractive.task import sentence_scores
 from hibert.runtime.batching import doc_costs, plan_epoch
 from hibert.runtime.export import load_encoder, read_export
 

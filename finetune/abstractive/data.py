@@ -4,10 +4,9 @@ would be trained against the same summary they may not contain — PreSumm trunc
 summary's subwords joined by [SEP] as the decoder's target."""
 from __future__ import annotations
 
-
 import numpy as np
 
-from finetune.dataset_view import RowView
+from finetune.base.views import RowView
 from hibert.tokens import SEP_ID
 
 
@@ -20,17 +19,6 @@ def target_ids(summary: list[np.ndarray], max_tokens: int) -> np.ndarray:
         parts.append(np.asarray(sent, dtype=np.int64))
     ids = np.concatenate(parts) if parts else np.empty(0, np.int64)
     return ids[:max_tokens]
-
-
-def split_sentences(ids: list[int]) -> list[list[int]]:
-    """Decoded subwords back into sentences at [SEP] (empty pieces dropped)."""
-    out: list[list[int]] = [[]]
-    for t in ids:
-        if t == SEP_ID:
-            out.append([])
-        else:
-            out[-1].append(int(t))
-    return [s for s in out if s]
 
 
 class FirstChunks(RowView):

@@ -1,23 +1,29 @@
 """What the multi-document heads read from a prepared cluster dataset: the units of each cluster in ranked
-order, cut to a token budget (Liu & Lapata 2019 §3: the ranker keeps the top L' paragraphs).
+order, cut to a token budget (Liu & Lapata 2019 §3: the ranker keeps the top L' paragraphs); the unit
+graphs of eq. 24; clusters as report documents, and the cluster baselines every report puts next to a model.
 
 Rankings: `tfidf` (cosine of each unit to the cluster's title, or to the centroid of its units when it has
 none — Liu & Lapata's baseline), `oracle` (the ROUGE-2 recall labels: an upper bound, never for test
 numbers), `lead` (document order), or scores from a learned ranker (`RankedClusters(..., scores=...)`).
-The view computes every cluster's order once (numpy) and is picklable, so DataLoader workers stay pure.
-"""
+The view computes every cluster's order once (numpy) and is picklable, so DataLoader workers stay pure."""
 from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from finetune.dataset_view import RowView
+from finetune.base.views import RowView
 from hibert.tokens import SEP_ID  # noqa: F401  (re-exported for the tasks' targets)
 
+if TYPE_CHECKING:
+    pass
+from finetune.base.report import Document
+
 RANKINGS = ("tfidf", "oracle", "lead")
+
+
 _WORD = re.compile(r"[a-z0-9]+")
 
 
@@ -147,3 +153,92 @@ class RankedClusters(RowView):
 
     def chunk_index(self, k: int) -> int:
         return 0
+
+
+def cluster_graphs(view, rows: list[int], threshold: float) -> list[np.ndarray]:
+    """Liu & Lapata eq. 24's unit graph of each selected cluster: tf-idf cosine between its units."""
+    from modeling.clusters import unit_graph
+
+    return [unit_graph([np.concatenate(u) if u else np.zeros(0, np.int64) for u in view.units(i)], threshold)
+            for i in rows]
+
+
+# -------------------------------------------------------------------------------------------- baselines
+def lead_first_document(sentences: Sequence[str], sentence_doc: Sequence[int], k: int = 3) -> list[str]:
+    """Lead-k as most multi-document papers define it: the first k sentences of the first document."""
+    first = [s for s, d in zip(sentences, sentence_doc) if d == sentence_doc[0]] if len(sentences) else []
+    return list(first[:k])
+
+
+def lead_tokens(sentences: Sequence[str], gold_words: int) -> list[str]:
+    """Liu & Lapata's Lead: the first words of the documents back to back, as many as the gold summary
+    has (cut inside the last sentence if need be)."""
+    out, used = [], 0
+    for s in sentences:
+        words = s.split()
+        if used + len(words) >= gold_words:
+            out.append(" ".join(words[: gold_words - used]))
+            break
+        out.append(s)
+        used += len(words)
+    return [s for s in out if s]
+
+
+def tfidf_extract(sentences: Sequence[str], k: int = 3, redundancy: float = 0.5) -> list[str]:
+    """An unsupervised extractive baseline (centroid / LexRank-style): sentences by tf-idf cosine to the
+    cluster centroid, skipping any that is too similar (cosine > `redundancy`) to one already taken; the
+    chosen sentences in score order."""
+    if not sentences:
+        return []
+    scores = tfidf_scores(list(sentences))
+    order = np.argsort(-scores, kind="stable").tolist()
+    bags = _bags(sentences)
+
+    def cos(a, b) -> float:
+        num = sum(c * b.get(w, 0) for w, c in a.items())
+        den = np.sqrt(sum(c * c for c in a.values()) * sum(c * c for c in b.values()))
+        return num / den if den else 0.0
+
+    chosen: list[int] = []
+    for j in order:
+        if len(chosen) == k:
+            break
+        if all(cos(bags[j], bags[c]) <= redundancy for c in chosen):
+            chosen.append(j)
+    return [sentences[j] for j in chosen]
+
+
+ORACLE_NOTE = " — the oracle reads the references: an upper bound, not a result"
+
+
+SYNTHETIC_NOTE = ("SYNTHETIC clusters: single-document news articles grouped with their tf-idf nearest neighbours "
+                  "(not real multi-document topics)")
+
+
+def data_note(dataset) -> dict[str, Any]:
+    m = dataset.manifest
+    out = {"clusters": "synthetic" if m.get("synthetic") else "real"}
+    if m.get("synthetic"):
+        out["note"] = SYNTHETIC_NOTE
+    return out
+
+
+def ranked_sentences(view, k: int) -> list[str]:
+    """Cluster k's title (if any) then its units in the view's rank order, as sentences."""
+    title = view.title(k)
+    return ([title] if title else []) + view.sentences_text(k)
+
+
+def cluster_document(view, k: int) -> tuple[Document, list[int]]:
+    """Cluster k of a view as a `Document` (every sentence, documents in order) and each sentence's document."""
+    base, row = view.base, int(view.rows[k])
+    units = base.units_text(row)
+    unit_docs = np.asarray(base.unit_docs(row)).tolist()
+    sents = [s for u in units for s in u]
+    sent_doc = [d for u, d in zip(units, unit_docs) for _ in u]
+    return Document(base.doc_id(row), sents, [base.summary_text(row)], None), sent_doc
+
+
+def all_units_view(dataset):
+    """Every unit of every cluster with a summary, in document order (the ranker scores all of them)."""
+    return RankedClusters(dataset, ranking="lead", budget=np.iinfo(np.int64).max // 2)

@@ -1,7 +1,11 @@
-"""Evaluation of summaries: the model, Lead-3, the oracle and any other named system on the same documents,
-ROUGE with bootstrap CIs and paired differences, k / trigram-blocking tuned on validation (extractive), and a
-Markdown + JSON + PNG report."""
+"""Evaluation reports of summaries: the model, Lead-3, the oracle and any other named system on the same
+documents, ROUGE with bootstrap CIs and paired differences (against the baselines and, `--compare`, against
+other runs' reports), written as Markdown + JSON + PNG."""
 from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("hibert.evaluate")
 
 import json
 from collections import defaultdict
@@ -11,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from finetune.rouge_eval import Rouge, format_p, paired_bootstrap, summarize_scores
-from finetune.selection import lead, oracle_from_labels, select
+from finetune.base.rouge import Rouge, format_p, paired_bootstrap, summarize_scores
+from finetune.base.selection import lead, oracle_from_labels
 
 HEADLINE = ("rouge1_f", "rouge2_f", "rougeL_f", "rougeLsum_f")
 
@@ -43,41 +47,6 @@ def documents(dataset) -> list[Document]:
     return out
 
 
-def chunk_to_doc_scores(dataset, chunk_scores: dict[int, np.ndarray]) -> dict[str, np.ndarray]:
-    parts: dict[str, list[tuple[int, np.ndarray]]] = defaultdict(list)
-    for i, sc in chunk_scores.items():
-        parts[dataset.source_doc(i)].append((i, sc))
-    return {d: np.concatenate([s for _, s in sorted(p, key=lambda t: t[0])]) for d, p in parts.items()}
-
-
-def system_summaries(docs: list[Document], scores: dict[str, np.ndarray], k: int,
-                     trigram_blocking: bool) -> list[list[str]]:
-    return [[d.sentences[j] for j in select(scores[d.doc_id], d.sentences, k, trigram_blocking)] for d in docs]
-
-
-def rouge_of_selection(dataset, chunk_scores: dict[int, np.ndarray], k: int, trigram_blocking: bool,
-                       rouge: Rouge | None = None) -> dict[str, float]:
-    docs = [d for d in documents(dataset)]
-    scores = chunk_to_doc_scores(dataset, chunk_scores)
-    docs = [d for d in docs if d.doc_id in scores]
-    per_doc = (rouge or Rouge()).score_corpus(system_summaries(docs, scores, k, trigram_blocking),
-                                              [d.references for d in docs])
-    return {m: float(v.mean()) for m, v in per_doc.items()}
-
-
-def tune_selection(dataset, chunk_scores: dict[int, np.ndarray], ks=(1, 2, 3, 4, 5)) -> dict[str, Any]:
-    """Pick k and trigram blocking on validation by mean ROUGE-1/2/L F1."""
-    rouge = Rouge(("rouge1", "rouge2", "rougeL"))
-    grid = []
-    for k in ks:
-        for tb in (False, True):
-            r = rouge_of_selection(dataset, chunk_scores, k, tb, rouge)
-            grid.append({"k": k, "trigram_blocking": tb,
-                         "rouge": (r["rouge1_f"] + r["rouge2_f"] + r["rougeL_f"]) / 3})
-    best = max(grid, key=lambda g: g["rouge"])
-    return {"k": best["k"], "trigram_blocking": best["trigram_blocking"], "grid": grid}
-
-
 def baseline_systems(docs: list[Document]) -> dict[str, list[list[str]]]:
     """Lead-3 (the first three sentences) and, where labels exist, the extractive oracle."""
     out = {"lead3": [[d.sentences[j] for j in lead(d.sentences, 3)] for d in docs]}
@@ -100,16 +69,6 @@ def score_systems(docs: list[Document], systems: dict[str, list[list[str]]], n_r
     return {"num_documents": len(docs), "systems": results, "summaries": systems, "paired": paired,
             "per_document": {name: {m: v[m].round(4).tolist() for m in HEADLINE} for name, v in per_doc.items()},
             "doc_ids": [d.doc_id for d in docs], "multi_reference": any(len(r) > 1 for r in refs)}
-
-
-def evaluate_systems(docs: list[Document], scores: dict[str, np.ndarray] | None, k: int, trigram_blocking: bool,
-                     n_resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """ROUGE (mean and 95% CI) of the extractive model, Lead-3 and the oracle on the same documents."""
-    systems: dict[str, list[list[str]]] = {}
-    if scores is not None:
-        systems["model"] = system_summaries(docs, scores, k, trigram_blocking)
-    systems.update(baseline_systems(docs))
-    return score_systems(docs, systems, n_resamples, seed)
 
 
 def write_report(out_dir: Path, result: dict[str, Any], docs: list[Document], meta: dict[str, Any]) -> dict[str, Path]:
@@ -178,3 +137,45 @@ def write_report(out_dir: Path, result: dict[str, Any], docs: list[Document], me
     fig.savefig(out_dir / "rouge.png", dpi=120)
     plt.close(fig)
     return {"json": out_dir / "report.json", "md": out_dir / "report.md", "png": out_dir / "rouge.png"}
+
+
+def compared_reports(paths: list[str], split: str) -> dict[str, dict[str, Any]]:
+    """`--compare NAME=PATH`: another run's report (report.json, its directory, or a run dir holding
+    report-<split>/report.json) whose per-document model scores are paired with this model's."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in paths:
+        name, _, path = item.rpartition("=")
+        p = Path(path)
+        for cand in (p, p / "report.json", p / f"report-{split}" / "report.json"):
+            if cand.is_file():
+                report = json.loads(cand.read_text())
+                out[name or cand.parent.parent.name] = report
+                break
+        else:
+            raise SystemExit(f"hibert: report {item!r}: no report.json there (run `hibert evaluate` for that run "
+                             "first)")
+    return out
+
+
+def pair_with_reports(result: dict[str, Any], reports: dict[str, dict[str, Any]], n_resamples: int) -> None:
+    """Add `model-<name>` paired differences against other runs' per-document scores (same documents)."""
+    import numpy as np
+
+    from finetune.base.rouge import paired_bootstrap
+
+    ours = dict(zip(result["doc_ids"], range(len(result["doc_ids"]))))
+    for name, rep in reports.items():
+        theirs = rep.get("per_document", {})
+        ids = theirs.get("doc_ids", [])
+        common = [d for d in ids if d in ours]
+        if not common or "model" not in theirs:
+            raise SystemExit(f"hibert evaluate: --compare {name}: its report shares no documents with this one")
+        if len(common) != len(ours):
+            log.warning("--compare %s: paired over the %d documents both reports hold (of %d)", name, len(common),
+                        len(ours))
+        a_idx = [ours[d] for d in common]
+        b_idx = [ids.index(d) for d in common]
+        result["paired"][f"model-{name}"] = {
+            m: paired_bootstrap(np.asarray(result["per_document"]["model"][m])[a_idx] * 1.0,
+                                np.asarray(theirs["model"][m])[b_idx] * 1.0, n_resamples)
+            for m in HEADLINE}

@@ -2,8 +2,7 @@
 
 Training minimises the NLL of the oracle labels (data_prep's greedy ROUGE oracle). Validation scores
 every validation document, picks the top-k sentences in document order and reports ROUGE against the
-reference; `valid_rouge` (mean of ROUGE-1/2/L F1) drives model selection and early stopping.
-"""
+reference; `valid_rouge` (mean of ROUGE-1/2/L F1) drives model selection and early stopping."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,8 +14,8 @@ import torch.distributed as dist
 
 from hibert.config import Config
 from hibert.config.model import ModelConfig
-from modeling.packing import PackedDocuments, TensorBundle
 from hibert.runtime.task import LoaderItem, Task
+from modeling.packing import PackedDocuments, TensorBundle
 
 
 @dataclass
@@ -115,7 +114,7 @@ class ExtractiveTask(Task):
         return mine
 
     def evaluate(self, trainer) -> dict[str, float]:
-        from finetune.evaluation import rouge_of_selection
+        from finetune.extractive.evaluate import rouge_of_selection
 
         metrics = super().evaluate(trainer)
         scores = self.predict_chunks(trainer, trainer.valid_data)

@@ -1,0 +1,34 @@
+"""Raw text -> abstract with an abstractive export; documents are segmented and encoded as the model's
+training data was, and decoded in batches."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from finetune.base.text import Summary, TextEncoder
+
+
+class AbstractiveSummarizer:
+    """Raw text -> abstract with an abstractive export; documents are decoded in batches."""
+
+    def __init__(self, export_dir: Path, device: str = "cpu", stanza_dir: str | None = None, generation=None):
+        from finetune.abstractive.export import load_abstractive
+        from finetune.base.decoding import Decoder
+
+        model, meta = load_abstractive(export_dir, device)
+        self.generation = generation(meta["generation"]) if callable(generation) else meta["generation"]
+        self.encode = TextEncoder(export_dir, meta, stanza_dir)
+        self.decoder = Decoder(model, Path(export_dir) / "tokenizer.model", self.generation, device)
+
+    def summarize_all(self, docs: list[tuple[str, str]]) -> list[Summary]:
+        encoded = [self.encode(text) for _, text in docs]
+        step = self.encode.cfg.max_doc_sentences
+        todo = [i for i, (texts, _, _) in enumerate(encoded) if texts]
+        # the encoder reads the first max_doc_sentences sentences, as in training
+        decoded = self.decoder.summarize_ids([encoded[i][1][:step] for i in todo])
+        out = [Summary(doc_id, [], [], 0, "no sentences found") for doc_id, _ in docs]
+        for i, d in zip(todo, decoded):
+            texts, _, ptb = encoded[i]
+            notes = (["input read as PTB-tokenized text"] if ptb else []) + \
+                    ([f"read the first {step} of {len(texts)} sentences"] if len(texts) > step else [])
+            out[i] = Summary(docs[i][0], d.sentences, [], len(texts), "; ".join(notes), len(d.ids))
+        return out

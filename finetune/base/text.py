@@ -1,0 +1,154 @@
+"""Raw input -> what a model reads: documents and clusters from text files, JSONL or stdin (refusing binary,
+non-UTF-8 and empty input with a line naming the file), segmented and encoded exactly as the model's
+training data was (segmenter kind and limits recorded in the export, its own tokenizer)."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hibert.config.data import DataConfig, SegmenterConfig
+
+_PTB_MARKERS = re.compile(r"(-lrb-|-rrb-| n't\b| 's\b| `` | '' )")
+
+
+class InputError(ValueError):
+    """Input we cannot summarize, with a message for the user (no stack trace)."""
+
+
+@dataclass
+class Summary:
+    doc_id: str
+    sentences: list[str]
+    indices: list[int]
+    num_sentences: int
+    note: str = ""
+    subwords: int | None = None   # abstractive: the summary's length in subwords ([SEP] counted, EOS not)
+
+
+def looks_ptb(text: str) -> bool:
+    """See et al.'s CNN/DM style: lowercased, PTB tokens (-lrb-, n't split off, `` '')."""
+    return bool(_PTB_MARKERS.search(text)) and text == text.lower()
+
+
+def read_documents(source: str, field: str, limit: int | None = None) -> Iterator[tuple[str, str]]:
+    """(doc id, text) from a text file (one document), JSONL (one per line) or '-' (stdin)."""
+    name, text = _read_text(source)
+    if name.endswith(".jsonl"):
+        n = 0
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(f"{name}:{lineno}: invalid JSON ({e.msg})") from None
+            if not isinstance(rec, dict) or not isinstance(rec.get(field), str):
+                raise InputError(f"{name}:{lineno}: no text field {field!r} (use --field)")
+            yield f"{name}:{lineno}", rec[field]
+            n += 1
+            if limit and n >= limit:
+                return
+    else:
+        yield name, text
+
+
+def _read_text(source: str) -> tuple[str, str]:
+    """(name, text) of a file or '-' (stdin), refusing binary, non-UTF-8 and empty input."""
+    if source == "-":
+        raw = sys.stdin.buffer.read()
+        name = "stdin"
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise InputError(f"input {source!r} is not a file")
+        raw = path.read_bytes()
+        name = path.name
+    if b"\x00" in raw[:8192]:
+        raise InputError(f"{name}: looks like binary data, not text")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not text.strip():
+        raise InputError(f"{name}: empty input, nothing to summarize")
+    return name, text
+
+
+def read_clusters(sources: list[str], field: str, limit: int | None = None) -> Iterator[tuple[str, list[str]]]:
+    """(cluster id, document texts) for a multi-document model: several text files = one cluster (one
+    document each); a .jsonl file = one cluster per line, its documents a list of strings in `field`
+    (`documents` when the given field is the default 'text')."""
+    if len(sources) == 1 and sources[0].endswith(".jsonl"):
+        name, text = _read_text(sources[0])
+        key = "documents" if field == "text" else field
+        n = 0
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(f"{name}:{lineno}: invalid JSON ({e.msg})") from None
+            docs = rec.get(key) if isinstance(rec, dict) else None
+            if not isinstance(docs, list) or not docs or not all(isinstance(d, str) for d in docs):
+                raise InputError(f"{name}:{lineno}: no list of document strings in field {key!r} (use --field)")
+            if not any(d.strip() for d in docs):
+                raise InputError(f"{name}:{lineno}: every document of the cluster is empty")
+            yield f"{name}:{lineno}", docs
+            n += 1
+            if limit and n >= limit:
+                return
+    else:
+        texts = [_read_text(s) for s in sources]
+        name = texts[0][0] if len(texts) == 1 else f"{texts[0][0]}+{len(texts) - 1}"
+        yield name, [t for _, t in texts]
+
+
+class TextEncoder:
+    """Raw text -> encoded sentences exactly as the model's training data was made (segmenter kind and
+    limits recorded in the export's `data` settings, its own tokenizer)."""
+
+    def __init__(self, export_dir: Path, meta: dict, stanza_dir: str | None = None):
+        from data_prep import tokenizer as tok
+        from data_prep.process import Sentencizer
+
+        data = meta.get("data", {})
+        seg = data.get("segmenter", {})
+        limits = data.get("limits", {})
+        seg_cfg = SegmenterConfig(kind=seg.get("kind", "spacy"), stanza_dir=stanza_dir)
+        self.cfg = DataConfig(segmenter=seg_cfg,
+                              max_sentence_tokens=limits.get("max_sentence_tokens", 50),
+                              max_doc_sentences=limits.get("max_doc_sentences", 30))
+        self.sentencizer = Sentencizer(self.cfg)
+        self.sp = tok.load(Path(export_dir) / "tokenizer.model")
+
+    def paragraphs(self, text: str) -> tuple[list[tuple[list[str], list[np.ndarray]]], bool]:
+        """Per blank-line paragraph, its (sentence texts, subword ids) — empty sentences dropped — and PTB?"""
+        ptb = looks_ptb(text)
+        paragraphs = [p for p in re.split(r"\n\s*\n", text) if p.strip()]
+        out = []
+        for sents in self.sentencizer.sentences([([p], ptb) for p in paragraphs]):
+            texts = [t for t, _ in sents if t.strip()]
+            ids = [np.asarray(x[: self.cfg.max_sentence_tokens], dtype=np.int32)
+                   for x in self.sp.encode(texts, out_type=int)] if texts else []
+            keep = [i for i, x in enumerate(ids) if len(x)]
+            if keep:
+                out.append(([texts[i] for i in keep], [ids[i] for i in keep]))
+        return out, ptb
+
+    def __call__(self, text: str) -> tuple[list[str], list[np.ndarray], bool]:
+        """(sentence texts, their subword ids, read as PTB?) — empty sentences dropped."""
+        ptb = looks_ptb(text)
+        paragraphs = [p for p in re.split(r"\n\s*\n", text) if p.strip()]
+        sents = [s for s in self.sentencizer.sentences([(paragraphs, ptb)])[0] if s[0].strip()]
+        texts = [t for t, _ in sents]
+        ids = [np.asarray(x[: self.cfg.max_sentence_tokens], dtype=np.int32)
+               for x in self.sp.encode(texts, out_type=int)] if texts else []
+        keep = [i for i, x in enumerate(ids) if len(x)]
+        return [texts[i] for i in keep], [ids[i] for i in keep], ptb

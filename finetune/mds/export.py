@@ -1,0 +1,59 @@
+"""The multi-document summarizer's export (the abstractive files + mds.json) and its loader (single process,
+no DeepSpeed)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from hibert.config.mds import MDSConfig
+
+
+MDS_CONFIG = "mds.json"
+
+
+def is_mds_export(local: Path) -> bool:
+    return (Path(local) / MDS_CONFIG).is_file()
+
+
+def stored_mds_config(stored: dict[str, Any]) -> MDSConfig:
+    """The `mds:` settings an export was trained with; one without `global_layer` predates the paper's
+    per-head projections (eq. 16-19) and loads as the `v0` form it was trained with."""
+    from hibert.config.mds import MDSConfig
+
+    return MDSConfig.model_validate({"global_layer": "v0", **stored})
+
+
+def load_mds(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict[str, Any]]:
+    """(HibertMDS in eval mode on `device`, settings) from an export written by the mds task."""
+    from safetensors.torch import load_file
+
+    from finetune.abstractive.export import (
+        DECODER_CONFIG,
+        DECODER_WEIGHTS,
+        stored_generation,
+    )
+    from hibert.config.abstractive import DecoderConfig
+    from hibert.runtime.export import load_encoder, read_export
+    from modeling.mds import HibertMDS
+
+    export_dir = Path(export_dir)
+    enc, model_cfg, meta = read_export(export_dir)
+    for name in (DECODER_WEIGHTS, DECODER_CONFIG, MDS_CONFIG):
+        if not (export_dir / name).is_file():
+            raise FileNotFoundError(f"{export_dir} has no {name}: pass a model produced by "
+                                    "`hibert finetune finetune.task=mds`")
+    settings = json.loads((export_dir / DECODER_CONFIG).read_text())
+    mds = stored_mds_config(json.loads((export_dir / MDS_CONFIG).read_text())["mds"])
+    model = HibertMDS(model_cfg, DecoderConfig.model_validate(settings["decoder"]), mds)
+    load_encoder(model.encoder, enc)
+    missing, unexpected = model.load_state_dict(load_file(str(export_dir / DECODER_WEIGHTS)), strict=False)
+    missing = [k for k in missing if not k.startswith("encoder.")]
+    if missing or unexpected:
+        raise ValueError(f"{export_dir}/{DECODER_WEIGHTS} does not fit the model of {MDS_CONFIG}: "
+                         f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return model.to(device).eval(), {**meta, "generation": stored_generation(export_dir), "decoder": settings,
+                                     "mds": mds, "model": model_cfg.model_dump()}

@@ -1,0 +1,83 @@
+"""Several documents -> one abstract with a multi-document (mds) export: units cut, ranked and decoded as in
+its training."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from finetune.base.text import Summary, TextEncoder
+
+
+class ClusterSummarizer:
+    """Several documents -> one abstract with a multi-document (mds) export: units as in its training data
+    (paragraphs, windows of <= max_unit_sentences), ranked as the model was trained (tf-idf, document order,
+    or its learned ranker; the label oracle needs a reference, so tf-idf stands in for it), cut to its token
+    budget, decoded in batches."""
+
+    def __init__(self, export_dir: Path, device: str = "cpu", stanza_dir: str | None = None, generation=None,
+                 ranking: str | None = None, ranker_dir: Path | None = None):
+        from finetune.base.decoding import Decoder
+        from finetune.mds.export import load_mds
+
+        model, meta = load_mds(export_dir, device)
+        self.generation = generation(meta["generation"]) if callable(generation) else meta["generation"]
+        self.mds = meta["mds"]
+        self.ranking = ranking or self.mds.ranking
+        self.max_unit_sentences = int(meta.get("data", {}).get("clusters", {}).get("max_unit_sentences", 5))
+        self.encode = TextEncoder(export_dir, meta, stanza_dir)
+        self.decoder = Decoder(model, Path(export_dir) / "tokenizer.model", self.generation, device, clusters=True)
+        self.ranker = None
+        if ranker_dir is not None:
+            from finetune.ranker.export import load_ranker
+
+            self.ranker, _ = load_ranker(ranker_dir, device)
+        self.device = device
+
+    def units(self, documents: list[str]) -> tuple[list[list[str]], list[list[np.ndarray]], bool]:
+        from data_prep.units import windows
+
+        texts, ids, any_ptb = [], [], False
+        for doc in documents:
+            paragraphs, ptb = self.encode.paragraphs(doc)
+            any_ptb |= ptb
+            for t, x in paragraphs:
+                for a, b in windows(len(t), self.max_unit_sentences):
+                    texts.append(t[a:b])
+                    ids.append(x[a:b])
+        return texts, ids, any_ptb
+
+    def summarize_all(self, clusters: list[tuple[str, list[str]]]) -> list[Summary]:
+        from finetune.base.clusters import budget_cut, rank_order, tfidf_scores
+        from finetune.ranker.export import score_clusters
+
+        prepared = [self.units(docs) for _, docs in clusters]
+        todo = [i for i, (t, _, _) in enumerate(prepared) if t]
+        chosen = {}
+        scores = score_clusters(self.ranker, [prepared[i][1] for i in todo], self.device) if self.ranker else None
+        for k, i in enumerate(todo):
+            texts, ids, _ = prepared[i]
+            if scores is not None:
+                s = scores[k]
+            elif self.ranking == "lead":
+                s = -np.arange(len(texts), dtype=np.float64)
+            else:
+                s = tfidf_scores([" ".join(t) for t in texts])
+            tokens = np.array([sum(len(x) + 1 for x in u) for u in ids])
+            top = self.mds.top_units if self.mds.top_units else self.mds.max_units
+            chosen[i] = budget_cut(rank_order(s), tokens, self.mds.budget_tokens, min(top, self.mds.max_units))
+        batch = [[prepared[i][1][j] for j in chosen[i].tolist()] for i in todo]
+        graphs = None
+        if self.mds.graph_attention:
+            from modeling.clusters import unit_graph
+
+            graphs = [unit_graph([np.concatenate(u) for u in c], self.mds.graph_threshold) for c in batch]
+        decoded = self.decoder.summarize_ids(batch, graphs=graphs)
+        out = [Summary(cid, [], [], 0, "no sentences found") for cid, _ in clusters]
+        for i, d in zip(todo, decoded):
+            texts, _, ptb = prepared[i]
+            n_units, n_sents = len(texts), sum(len(t) for t in texts)
+            notes = (["input read as PTB-tokenized text"] if ptb else []) + \
+                    [f"read {len(chosen[i])} of {n_units} units ({len(clusters[i][1])} documents)"]
+            out[i] = Summary(clusters[i][0], d.sentences, [], n_sents, "; ".join(notes), len(d.ids))
+        return out

@@ -1,0 +1,80 @@
+"""Abstractive multi-document summarization (Liu & Lapata 2019's hierarchical transformer on HIBERT) as a Task
+on the one runtime. It is the abstractive head with another encoder side: the units of a cluster, ranked and
+cut to `mds.budget_tokens` (finetune/base/clusters.py), are encoded by HIBERT (local layers), mixed across units by
+the global layers (optionally graph-informed or structural), and read by the same decoder, generator, loss,
+two optimizer groups (the pretrained encoder at `finetune.encoder_lr_scale`; global layers and decoder at
+optimizer.lr), validation ROUGE and export as `AbstractiveTask`. Registered as `hibert-mds`."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from finetune.abstractive.task import AbstractiveTask
+from finetune.base.clusters import cluster_graphs
+from finetune.mds.export import MDS_CONFIG
+from finetune.ranker.ranking import trained_mds_settings
+from hibert.config import Config
+from hibert.runtime.task import LoaderItem
+
+
+class MDSTask(AbstractiveTask):
+    name = "mds"
+
+    def registry_name(self, cfg: Config) -> str:
+        return "hibert-mds"
+
+    def new_model(self) -> torch.nn.Module:
+        from modeling.mds import HibertMDS
+
+        return HibertMDS(self.model_cfg, self.cfg.decoder, self.cfg.mds)
+
+    # ---------------------------------------------------------------- data
+    def make_item(self, dataset, doc_indices: np.ndarray, epoch: int) -> LoaderItem:
+        from finetune.abstractive.data import target_ids
+        from modeling import flops_per_batch
+        from modeling.mds import make_mds_batch
+
+        rows = doc_indices.tolist()
+        clusters, targets = [], []
+        for i in rows:
+            summary = dataset.summary(i)
+            if summary is None:
+                raise ValueError(f"{dataset.split} cluster {dataset.doc_id(i)} has no summary")
+            clusters.append(dataset.units(i))
+            targets.append(target_ids(summary, self.cfg.finetune.max_target_tokens))
+        graphs = cluster_graphs(dataset, rows, self.cfg.mds.graph_threshold) if self.cfg.mds.graph_attention else None
+        batch = make_mds_batch(clusters, targets, graphs)
+        sent_lens = [len(s) + 1 for c in clusters for u in c for s in u]
+        unit_lens = [len(u) for c in clusters for u in c]
+        target_lens = [len(t) + 1 for t in targets]
+        # local encoder + decoder FLOPs (global layers and cross-attention not counted: MFU is a lower bound)
+        flops = flops_per_batch(self.model_cfg, sent_lens, unit_lens, target_lens, backward=True)
+        return LoaderItem(batch, real_tokens=sum(sent_lens) + sum(target_lens), flops=flops, num_docs=len(rows),
+                          extra={"doc_indices": rows})
+
+    # ---------------------------------------------------------------- evaluation
+    def decode_rouge(self, state: dict[str, torch.Tensor], data, device: torch.device) -> dict[str, float]:
+        from finetune.base.decoding import Decoder
+        from finetune.base.rouge import Rouge
+
+        model = self.new_model()
+        model.load_state_dict(state)
+        decoder = Decoder(model.to(device).eval(), data.tokenizer_path, self.cfg.generation, device, clusters=True)
+        n = min(len(data), self.cfg.finetune.eval_decode_docs)
+        idx = list(range(n))
+        graphs = cluster_graphs(data, idx, self.cfg.mds.graph_threshold) if self.cfg.mds.graph_attention else None
+        summaries = decoder.summarize_ids([data.units(i) for i in idx], graphs=graphs)
+        refs = [[data.summary_text(i)] for i in idx]
+        per_doc = Rouge(("rouge1", "rouge2", "rougeL")).score_corpus([s.sentences for s in summaries], refs)
+        r = {m: float(v.mean()) for m, v in per_doc.items()}
+        return {"valid_rouge1": r["rouge1_f"], "valid_rouge2": r["rouge2_f"], "valid_rougeL": r["rougeL_f"],
+                "valid_rouge": (r["rouge1_f"] + r["rouge2_f"] + r["rougeL_f"]) / 3,
+                "valid_summary_words": float(np.mean([len(" ".join(s.sentences).split()) for s in summaries]))}
+
+    # ---------------------------------------------------------------- export
+    def write_export_extras(self, out_dir, full_state: dict[str, torch.Tensor]) -> None:
+        super().write_export_extras(out_dir, full_state)
+        (Path(out_dir) / MDS_CONFIG).write_text(json.dumps({"mds": trained_mds_settings(self.cfg)}, indent=1))
