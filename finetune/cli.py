@@ -5,9 +5,42 @@ import argparse
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
+import torch
+from safetensors.torch import load_file
+
+from data_prep import DocumentDataset
+from finetune.abstractive.data import FirstChunks
+from finetune.abstractive.evaluate import evaluate_abstractive, evaluate_clusters
+from finetune.abstractive.export import generation_for_export, is_abstractive_export
+from finetune.abstractive.summarize import AbstractiveSummarizer
+from finetune.abstractive.task import AbstractiveTask
+from finetune.base.clusters import RANKINGS, all_units_view
+from finetune.base.generation import DecodingFlagError, add_generation_arguments, check_generation_flags
+from finetune.base.report import compared_reports, documents, pair_with_reports, write_report
+from finetune.base.rouge import format_p
+from finetune.base.text import InputError, read_clusters, read_documents
+from finetune.extractive.evaluate import (
+    chunk_to_doc_scores,
+    evaluate_systems,
+    tune_selection,
+)
+from finetune.extractive.export import load_extractive, score_split
+from finetune.extractive.summarize import Summarizer
+from finetune.extractive.task import ExtractiveTask
+from finetune.mds.export import is_mds_export, load_mds
+from finetune.mds.summarize import ClusterSummarizer
+from finetune.mds.task import MDSTask
+from finetune.ranker.evaluate import evaluate_ranker
+from finetune.ranker.ranking import ranked_view
+from finetune.ranker.task import RankerTask
 from hibert.config import Config
+from hibert.hashing import file_hash
+from hibert.redact import redact_uri
+from hibert.registry import ensure_experiment, resolve_model, tracking_uri
+from hibert.runtime.run import prepare_run, relaunch, run_task
 
 
 def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,10 +56,8 @@ def run_finetune(cfg: Config, args: argparse.Namespace) -> int:
     cfg.run.stage = "finetune"
     cfg.objective.kind = cfg.finetune.task
     if args.nproc and "RANK" not in os.environ and "SLURM_PROCID" not in os.environ:
-        from hibert.runtime.run import relaunch
 
         return relaunch(cfg, "finetune", args.nproc)
-    from hibert.runtime.run import prepare_run, run_task
 
     inputs = prepare_run(cfg)
     if inputs.init is not None:  # the encoder's own size and vocabulary; this run's dropout
@@ -44,7 +75,6 @@ def run_finetune(cfg: Config, args: argparse.Namespace) -> int:
     if clusters:
         raise SystemExit(f"hibert finetune: finetune.task=extractive reads documents; {cfg.data.dataset_dir} "
                          "holds clusters (use finetune.task=ranker, mds or abstractive)")
-    from finetune.extractive.task import ExtractiveTask
 
     task = ExtractiveTask(cfg, model_cfg, inputs.init.state if inputs.init else None)
     return run_task(cfg, inputs, task, "finetune")
@@ -53,11 +83,6 @@ def run_finetune(cfg: Config, args: argparse.Namespace) -> int:
 def _run_abstractive(cfg: Config, inputs, model_cfg) -> int:
     """The abstractive head on documents (first chunks), the flat baseline on clusters (ranked units back to
     back as one document), or the hierarchical multi-document model (finetune.task=mds)."""
-    from finetune.abstractive.data import FirstChunks
-    from finetune.abstractive.task import AbstractiveTask
-    from finetune.mds.task import MDSTask
-    from finetune.ranker.ranking import ranked_view
-    from hibert.runtime.run import run_task
 
     decoder_state = None
     if cfg.finetune.init_decoder:
@@ -87,9 +112,6 @@ def _run_abstractive(cfg: Config, inputs, model_cfg) -> int:
 
 
 def _run_ranker(cfg: Config, inputs, model_cfg) -> int:
-    from finetune.base.clusters import all_units_view
-    from finetune.ranker.task import RankerTask
-    from hibert.runtime.run import run_task
 
     inputs.train, inputs.valid = all_units_view(inputs.train), all_units_view(inputs.valid)
     if len(inputs.train) == 0:
@@ -104,7 +126,6 @@ def _run_ranker(cfg: Config, inputs, model_cfg) -> int:
 
 def _pretraining_decoder(cfg: Config, init):
     """The masked-sentence decoder exported next to a pretrained encoder (finetune.init_decoder)."""
-    from safetensors.torch import load_file
 
     path = None if init is None else Path(init.local_dir) / "decoder.safetensors"
     if path is None or not path.is_file():
@@ -128,7 +149,6 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: as trained; e.g. train on 800, test on 1600)")
     p.add_argument("--ranking", default=None, help="clusters: how units are ranked before the budget cut "
                    "(tfidf, lead, oracle, or a ranker: models:/hibert-ranker@finetuned); default: the model's")
-    from finetune.base.generation import add_generation_arguments
 
     add_generation_arguments(p)
 
@@ -138,25 +158,8 @@ def _model_ref(cfg: Config, ref: str | None) -> str:
 
 
 def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
-    import sys
 
-    import torch
 
-    from data_prep import DocumentDataset
-    from finetune.abstractive.evaluate import evaluate_abstractive
-    from finetune.abstractive.export import generation_for_export, is_abstractive_export
-    from finetune.base.generation import DecodingFlagError, check_generation_flags
-    from finetune.base.report import documents, write_report
-    from finetune.extractive.evaluate import (
-        chunk_to_doc_scores,
-        evaluate_systems,
-        tune_selection,
-    )
-    from finetune.extractive.export import load_extractive, score_split
-    from finetune.mds.export import is_mds_export
-    from hibert.hashing import file_hash
-    from hibert.redact import redact_uri
-    from hibert.registry import resolve_model, tracking_uri
 
     log = logging.getLogger("hibert.evaluate")
     try:  # decoding flags that cannot work fail first, on one line naming the flag
@@ -212,7 +215,6 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
     if tuning:
         (out / "tuning.json").write_text(json.dumps(tuning, indent=1))
     if args.compare:
-        from finetune.base.report import compared_reports, pair_with_reports
 
         pair_with_reports(result, compared_reports(args.compare, args.split), args.bootstrap)
         paths = write_report(out, result, docs, report_meta)
@@ -222,11 +224,6 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def _evaluate_clusters(cfg: Config, args: argparse.Namespace, local: Path, ref: str, uri: str) -> int:
-    from finetune.abstractive.evaluate import evaluate_clusters
-    from finetune.abstractive.export import is_abstractive_export
-    from finetune.base.rouge import format_p
-    from finetune.mds.export import is_mds_export
-    from finetune.ranker.evaluate import evaluate_ranker
 
     if (local / "ranker.json").is_file():
         done = evaluate_ranker(cfg, args, local, ref)
@@ -248,7 +245,6 @@ def _evaluate_clusters(cfg: Config, args: argparse.Namespace, local: Path, ref: 
 
 
 def _print_scores(result: dict, paths: dict) -> None:
-    from finetune.base.rouge import format_p
 
     for name, sc in result["systems"].items():
         print(f"{name:8s} " + "  ".join(f"{m.replace('_f', '')}={sc[m]['mean']:.2f}"
@@ -264,8 +260,6 @@ def _print_scores(result: dict, paths: dict) -> None:
 def _log_to_mlflow(cfg: Config, uri: str, out: Path, result: dict, meta: dict) -> None:
     import mlflow
 
-    from hibert.redact import redact_uri
-    from hibert.registry import ensure_experiment
 
     ensure_experiment(uri, cfg.tracking.experiment)
     with mlflow.start_run(run_name=f"{cfg.run.name}-evaluate-{meta['split']}"):
@@ -290,17 +284,12 @@ def add_summarize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=None, help="sentences to extract (default: the model's)")
     p.add_argument("--limit", type=int, default=None, help="summarize at most N documents of a JSONL input")
     p.add_argument("--json", action="store_true", help="print one JSON object per document")
-    from finetune.base.generation import add_generation_arguments
 
     add_generation_arguments(p)
 
 
 def _summarize_clusters(cfg: Config, args: argparse.Namespace, local: Path, inputs, device: str, gen) -> int:
     """`gen`: the export's generation settings with the flags on top (checked before any weights load)."""
-    from finetune.base.clusters import RANKINGS
-    from finetune.mds.export import load_mds
-    from finetune.mds.summarize import ClusterSummarizer
-    from hibert.registry import resolve_model, tracking_uri
 
     ranking = args.ranking or load_mds(local, "cpu")[1]["mds"].ranking
     ranker_dir = None
@@ -319,17 +308,8 @@ def _summarize_clusters(cfg: Config, args: argparse.Namespace, local: Path, inpu
 
 
 def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
-    import sys
 
-    import torch
 
-    from finetune.abstractive.export import generation_for_export, is_abstractive_export
-    from finetune.abstractive.summarize import AbstractiveSummarizer
-    from finetune.base.generation import DecodingFlagError, check_generation_flags
-    from finetune.base.text import InputError, read_clusters, read_documents
-    from finetune.extractive.summarize import Summarizer
-    from finetune.mds.export import is_mds_export
-    from hibert.registry import resolve_model, tracking_uri
 
     try:  # decoding flags that cannot work fail first, on one line naming the flag
         check_generation_flags(args)

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from finetune.base.errors import UserError
+from finetune.base.report import HEADLINE, compared_reports
+from finetune.base.rouge import bootstrap_ci, format_p, paired_bootstrap
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,7 +31,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def load_system(item: str, split: str) -> tuple[str, dict[str, Any], list[str]]:
     """(name, {metric: per-document F1}, document ids) of one `[NAME=]PATH[#SYSTEM]`."""
-    from finetune.base.report import compared_reports
 
     spec, _, system = item.partition("#")
     name, _, path = spec.rpartition("=")
@@ -37,14 +41,12 @@ def load_system(item: str, split: str) -> tuple[str, dict[str, Any], list[str]]:
     system = system or "model"
     per_doc = report.get("per_document", {})
     if system not in per_doc:
-        raise SystemExit(f"hibert compare: {item!r}: the report has no per-document scores for {system!r} "
+        raise UserError(f"hibert compare: {item!r}: the report has no per-document scores for {system!r} "
                          f"(it has {', '.join(k for k in per_doc if k != 'doc_ids') or 'none'})")
     return (name or (label if system == "model" else f"{label}#{system}")), per_doc[system], per_doc["doc_ids"]
 
 
 def compare(items: list[str], split: str, n_resamples: int) -> dict[str, Any]:
-    from finetune.base.report import HEADLINE
-    from finetune.base.rouge import bootstrap_ci, paired_bootstrap
 
     systems = [load_system(item, split) for item in items]
     ref_name, ref_scores, ref_ids = systems[0]
@@ -58,7 +60,7 @@ def compare(items: list[str], split: str, n_resamples: int) -> dict[str, Any]:
     for name, scores, ids in systems[1:]:
         common = [(where[d], j) for j, d in enumerate(ids) if d in where]
         if not common:
-            raise SystemExit(f"hibert compare: {name} shares no documents with {ref_name}")
+            raise UserError(f"hibert compare: {name} shares no documents with {ref_name}")
         a_idx, b_idx = (list(x) for x in zip(*common))
         out["paired"][f"{name}-{ref_name}"] = {
             "documents": len(common),
@@ -68,8 +70,6 @@ def compare(items: list[str], split: str, n_resamples: int) -> dict[str, Any]:
 
 
 def render(result: dict[str, Any]) -> str:
-    from finetune.base.report import HEADLINE
-    from finetune.base.rouge import format_p
 
     heads = [m.replace("_f", "") for m in HEADLINE]
     lines = ["| system | documents | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(heads)]
@@ -87,9 +87,13 @@ def render(result: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if len(args.reports) < 2:
-        raise SystemExit("hibert compare: name at least two reports (the first is the reference)")
-    result = compare(args.reports, args.split, args.bootstrap)
+    try:
+        if len(args.reports) < 2:
+            raise UserError("hibert compare: name at least two reports (the first is the reference)")
+        result = compare(args.reports, args.split, args.bootstrap)
+    except UserError as e:
+        print(e, file=sys.stderr)
+        return 1
     print(render(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from finetune.base.errors import UserError
 from finetune.compare import compare
 from hibert.cli import main
 
@@ -36,10 +37,10 @@ def test_cli_table_and_errors(tmp_path, capsys):
     assert main(["compare", str(a), str(b), "--bootstrap", "100", "--json", str(tmp_path / "t.json")]) == 0
     assert "| b-a | 2 | +2.00" in capsys.readouterr().out
     assert json.loads((tmp_path / "t.json").read_text())["paired"]["b-a"]["rougeL_f"]["diff"] == pytest.approx(2.0)
-    with pytest.raises(SystemExit, match="no per-document scores for 'oracle'"):
+    with pytest.raises(UserError, match="no per-document scores for 'oracle'"):
         compare([str(a), f"{b}#oracle"], "test", 10)
-    with pytest.raises(SystemExit, match="no report.json"):
+    with pytest.raises(UserError, match="no report.json"):
         compare([str(a), str(tmp_path / "nowhere")], "test", 10)
     c = _report(tmp_path / "c", ["x"], [1.0])
-    with pytest.raises(SystemExit, match="shares no documents"):
+    with pytest.raises(UserError, match="shares no documents"):
         compare([str(a), str(c)], "test", 10)

@@ -12,35 +12,45 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from data_prep import DocumentDataset
+from finetune.abstractive.data import FirstChunks
+from finetune.abstractive.export import load_abstractive
+from finetune.abstractive.metrics import abstractiveness
 from finetune.base.clusters import (
     ORACLE_NOTE,
     cluster_document,
+    cluster_graphs,
     data_note,
+    lead_first_document,
+    lead_tokens,
     ranked_sentences,
+    tfidf_extract,
 )
+from finetune.base.decoding import Decoder
+from finetune.base.errors import UserError
 from finetune.base.generation import generation_from_args
-from finetune.base.report import compared_reports, pair_with_reports
+from finetune.base.report import (
+    baseline_systems,
+    compared_reports,
+    documents,
+    pair_with_reports,
+    score_systems,
+    write_report,
+)
+from finetune.mds.export import load_mds
+from finetune.ranker.ranking import ranked_view
+from hibert.config.mds import MDSConfig
+from hibert.hashing import file_hash
+from hibert.redact import redact_uri
 
 log = logging.getLogger("hibert.evaluate")
 
 
 def evaluate_abstractive(cfg, args: argparse.Namespace, local: Path, ref: str, uri: str) -> dict[str, Any]:
     """Decode a split with an abstractive export and write the report; returns what the CLI prints."""
-    import torch
 
-    from data_prep import DocumentDataset
-    from finetune.abstractive.data import FirstChunks
-    from finetune.abstractive.export import load_abstractive
-    from finetune.abstractive.metrics import abstractiveness
-    from finetune.base.decoding import Decoder
-    from finetune.base.report import (
-        baseline_systems,
-        documents,
-        score_systems,
-        write_report,
-    )
-    from hibert.hashing import file_hash
-    from hibert.redact import redact_uri
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     reports = compared_reports(args.compare, args.split)   # bad --compare fails before any decoding
@@ -49,7 +59,7 @@ def evaluate_abstractive(cfg, args: argparse.Namespace, local: Path, ref: str, u
     test = DocumentDataset(cfg.data.dataset_dir, args.split)
     view = FirstChunks(test)
     if len(view) == 0:
-        raise SystemExit(f"hibert evaluate: split {args.split!r} of {cfg.data.dataset_dir} has no documents "
+        raise UserError(f"hibert evaluate: split {args.split!r} of {cfg.data.dataset_dir} has no documents "
                          "with summaries")
     docs = documents(test)                  # whole documents: Lead-3, the oracle and novelty see all of them
     first = {view.source_doc(i): i for i in range(len(view))}
@@ -78,29 +88,7 @@ def evaluate_abstractive(cfg, args: argparse.Namespace, local: Path, ref: str, u
 
 def evaluate_clusters(cfg, args: argparse.Namespace, local: Path, ref: str, mds: bool) -> dict[str, Any]:
     """Decode a split of clusters with an mds export (or a flat abstractive export) and write the report."""
-    import torch
 
-    from data_prep import DocumentDataset
-    from finetune.abstractive.export import load_abstractive
-    from finetune.abstractive.metrics import abstractiveness
-    from finetune.base.clusters import (
-        cluster_graphs,
-        lead_first_document,
-        lead_tokens,
-        tfidf_extract,
-    )
-    from finetune.base.decoding import Decoder
-    from finetune.base.generation import generation_from_args
-    from finetune.base.report import (
-        compared_reports,
-        pair_with_reports,
-        score_systems,
-        write_report,
-    )
-    from finetune.mds.export import load_mds
-    from finetune.ranker.ranking import ranked_view
-    from hibert.hashing import file_hash
-    from hibert.redact import redact_uri
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     reports = compared_reports(args.compare, args.split)
@@ -109,7 +97,6 @@ def evaluate_clusters(cfg, args: argparse.Namespace, local: Path, ref: str, mds:
     if mds:  # the model reads units as it was trained to: its ranking, budget and unit cap
         cfg.mds = meta["mds"]
     elif meta["decoder"].get("mds"):  # a flat baseline trained on clusters records the same settings
-        from hibert.config.mds import MDSConfig
 
         cfg.mds = MDSConfig.model_validate(meta["decoder"]["mds"])
     trained_budget = cfg.mds.budget_tokens
@@ -119,14 +106,14 @@ def evaluate_clusters(cfg, args: argparse.Namespace, local: Path, ref: str, mds:
         cfg.mds = cfg.mds.model_copy(update={"budget_tokens": args.budget_tokens})
     if cfg.mds.ranking == "oracle" and getattr(args, "ranking", None) != "oracle":
         # the oracle ranks units by ROUGE against the very summaries being scored
-        raise SystemExit("hibert evaluate: this model ranks units with the oracle, which reads the reference "
+        raise UserError("hibert evaluate: this model ranks units with the oracle, which reads the reference "
                          "summaries of the split it scores; pass --ranking tfidf|lead|models:/hibert-ranker@..., "
                          "or --ranking oracle for an upper bound (labelled so in the report)")
     test = DocumentDataset(cfg.data.dataset_dir, args.split)
     view = ranked_view(cfg, test, None, Path(args.out) if args.out else cfg.run_dir / f"report-{args.split}")
     n = len(view) if not args.limit else min(args.limit, len(view))
     if n == 0:
-        raise SystemExit(f"hibert evaluate: split {args.split!r} of {cfg.data.dataset_dir} has no clusters with "
+        raise UserError(f"hibert evaluate: split {args.split!r} of {cfg.data.dataset_dir} has no clusters with "
                          "summaries")
     idx = list(range(n))
     docs, sent_docs = zip(*(cluster_document(view, k) for k in idx))

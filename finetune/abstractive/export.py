@@ -9,18 +9,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 
 from finetune.base.exports import _read_json, _validated
 from finetune.base.generation import generation_from_args
+from hibert.config.abstractive import DecoderConfig, GenerationConfig
+from hibert.runtime.export import load_encoder, read_export
+from modeling.abstractive import HibertAbstractive
 
 
 def load_abstractive(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict[str, Any]]:
     """(model in eval mode on `device`, settings) from an export written by the abstractive task."""
-    from safetensors.torch import load_file
 
-    from hibert.config.abstractive import DecoderConfig
-    from hibert.runtime.export import load_encoder, read_export
-    from modeling.abstractive import HibertAbstractive
 
     export_dir = Path(export_dir)
     enc, model_cfg, meta = read_export(export_dir)
@@ -42,7 +42,6 @@ def load_abstractive(export_dir: Path, device: torch.device | str = "cpu") -> tu
 def stored_generation(export_dir: Path):
     """The decoding settings an abstractive (or mds) export was written with (generation.json; the defaults
     when it has none) — read without loading any weights."""
-    from hibert.config.abstractive import GenerationConfig
 
     path = Path(export_dir) / GENERATION_CONFIG
     return _validated(GenerationConfig, _read_json(path), path) if path.is_file() else GenerationConfig()
@@ -50,7 +49,6 @@ def stored_generation(export_dir: Path):
 
 def decoder_max_positions(export_dir: Path) -> int:
     """The decoder's target positions (decoder.max_positions of abstractive.json), without loading weights."""
-    from hibert.config.abstractive import DecoderConfig
 
     path = Path(export_dir) / DECODER_CONFIG
     if not path.is_file():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from finetune.abstractive.export import load_abstractive
+from finetune.base.decoding import Decoder
 from finetune.base.text import Summary, TextEncoder
 
 
@@ -11,8 +13,6 @@ class AbstractiveSummarizer:
     """Raw text -> abstract with an abstractive export; documents are decoded in batches."""
 
     def __init__(self, export_dir: Path, device: str = "cpu", stanza_dir: str | None = None, generation=None):
-        from finetune.abstractive.export import load_abstractive
-        from finetune.base.decoding import Decoder
 
         model, meta = load_abstractive(export_dir, device)
         self.generation = generation(meta["generation"]) if callable(generation) else meta["generation"]

@@ -15,15 +15,23 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from safetensors.torch import save_file
 
+from finetune.abstractive.data import target_ids
 from finetune.abstractive.export import (
     DECODER_CONFIG,
     DECODER_WEIGHTS,
     GENERATION_CONFIG,
 )
+from finetune.base.decoding import Decoder
+from finetune.base.rouge import Rouge
+from finetune.ranker.ranking import trained_mds_settings
 from hibert.config import Config
 from hibert.config.model import ModelConfig
+from hibert.runtime.export import gather_fp32_state_dict, load_encoder
 from hibert.runtime.task import LoaderItem, ParamGroup, TokenNLLTask, decay_groups
+from modeling import flops_per_batch
+from modeling.abstractive import HibertAbstractive, make_abstractive_batch
 
 
 class AbstractiveTask(TokenNLLTask):
@@ -49,14 +57,12 @@ class AbstractiveTask(TokenNLLTask):
 
     # ---------------------------------------------------------------- model
     def new_model(self) -> torch.nn.Module:
-        from modeling.abstractive import HibertAbstractive
 
         return HibertAbstractive(self.model_cfg, self.cfg.decoder)
 
     def build_model(self) -> torch.nn.Module:
         model = self.new_model()
         if self.init_state is not None:
-            from hibert.runtime.export import load_encoder
 
             load_encoder(model.encoder, self.init_state)
         if self.init_decoder_state is not None:
@@ -77,9 +83,6 @@ class AbstractiveTask(TokenNLLTask):
 
     # ---------------------------------------------------------------- data
     def make_item(self, dataset, doc_indices: np.ndarray, epoch: int) -> LoaderItem:
-        from finetune.abstractive.data import target_ids
-        from modeling import flops_per_batch
-        from modeling.abstractive import make_abstractive_batch
 
         docs, targets = [], []
         for i in doc_indices.tolist():
@@ -102,7 +105,6 @@ class AbstractiveTask(TokenNLLTask):
 
     # ---------------------------------------------------------------- evaluation
     def evaluate(self, trainer) -> dict[str, float]:
-        from hibert.runtime.export import gather_fp32_state_dict
 
         metrics = super().evaluate(trainer)
         full = gather_fp32_state_dict(trainer.engine.module, "")
@@ -115,8 +117,6 @@ class AbstractiveTask(TokenNLLTask):
 
     def decode_rouge(self, state: dict[str, torch.Tensor], data, device: torch.device) -> dict[str, float]:
         """ROUGE of beam-search summaries of the first `eval_decode_docs` documents of `data`."""
-        from finetune.base.decoding import Decoder
-        from finetune.base.rouge import Rouge
 
         model = self.new_model()
         model.load_state_dict(state)
@@ -133,14 +133,12 @@ class AbstractiveTask(TokenNLLTask):
 
     # ---------------------------------------------------------------- export
     def write_export_extras(self, out_dir, full_state: dict[str, torch.Tensor]) -> None:
-        from safetensors.torch import save_file
 
         dec = {k: v.contiguous() for k, v in full_state.items() if not k.startswith("encoder.")}
         save_file(dec, str(Path(out_dir) / DECODER_WEIGHTS))
         settings = {"decoder": self.cfg.decoder.model_dump(mode="json"),
                     "max_target_tokens": self.cfg.finetune.max_target_tokens}
         if self.reads_clusters:  # how its units were ranked and cut, so evaluation reads them the same way
-            from finetune.ranker.ranking import trained_mds_settings
 
             settings["mds"] = trained_mds_settings(self.cfg)
         (Path(out_dir) / DECODER_CONFIG).write_text(json.dumps(settings, indent=1))

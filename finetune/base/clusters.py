@@ -16,6 +16,7 @@ import numpy as np
 
 from finetune.base.views import RowView
 from hibert.tokens import SEP_ID  # noqa: F401  (re-exported for the tasks' targets)
+from modeling.clusters import unit_graph
 
 if TYPE_CHECKING:
     pass
@@ -157,7 +158,6 @@ class RankedClusters(RowView):
 
 def cluster_graphs(view, rows: list[int], threshold: float) -> list[np.ndarray]:
     """Liu & Lapata eq. 24's unit graph of each selected cluster: tf-idf cosine between its units."""
-    from modeling.clusters import unit_graph
 
     return [unit_graph([np.concatenate(u) if u else np.zeros(0, np.int64) for u in view.units(i)], threshold)
             for i in rows]

@@ -8,8 +8,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from data_prep import tokenizer as tok
 from hibert.runtime.batching import doc_costs, plan_epoch
 from hibert.tokens import SEP_ID
+from modeling import pack_documents
+from modeling.clusters import pack_clusters
+from modeling.generate import generate
 
 
 @dataclass
@@ -34,7 +38,6 @@ class Decoder:
 
     def __init__(self, model: torch.nn.Module, tokenizer_path: Path, generation, device: torch.device | str,
                  batch_tokens: int = 32768, max_docs: int = 16, clusters: bool = False):
-        from data_prep import tokenizer as tok
 
         self.model, self.generation, self.device = model, generation, torch.device(device)
         self.clusters = clusters
@@ -51,9 +54,6 @@ class Decoder:
     def summarize_ids(self, docs: list, generation=None, graphs: list[np.ndarray] | None = None) -> list[Decoded]:
         """One summary per document (lists of encoded sentences) or cluster (lists of units), in input order;
         `graphs`: each cluster's unit graph (graph-informed attention)."""
-        from modeling import pack_documents
-        from modeling.clusters import pack_clusters
-        from modeling.generate import generate
 
         gen = generation or self.generation
         if not docs:

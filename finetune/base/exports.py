@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pydantic import ValidationError
+
+from hibert.config.load import format_validation_error
+
 
 def _read_json(path: Path):
     try:
@@ -15,9 +19,7 @@ def _read_json(path: Path):
 
 def _validated(schema, data, path: Path):
     """`schema.model_validate(data)`, its errors as the config loader words them (one line for one problem)."""
-    from pydantic import ValidationError
 
-    from hibert.config.load import format_validation_error
 
     try:
         return schema.model_validate(data)

@@ -7,6 +7,8 @@ import argparse
 import operator
 from typing import Any
 
+from hibert.config.abstractive import GenerationConfig
+
 # command-line flag -> (argparse attribute, `generation:` field); the bounds are the schema's
 DECODING_FLAGS = {"--beam": ("beam", "beam_size"), "--min-len": ("min_len", "min_length"),
                   "--max-len": ("max_len", "max_length"), "--length-penalty": ("length_penalty", "length_penalty"),
@@ -46,7 +48,6 @@ def _given(args: argparse.Namespace) -> dict[str, Any]:
 def check_generation_flags(args: argparse.Namespace) -> None:
     """What the decoding flags tell without a model: each within the `generation:` schema's bounds, and
     --min-len <= --max-len when both are given. Raises `DecodingFlagError` naming the flag."""
-    from hibert.config.abstractive import GenerationConfig
 
     given = _given(args)
     for flag, value in given.items():

@@ -3,11 +3,8 @@ documents, ROUGE with bootstrap CIs and paired differences (against the baseline
 other runs' reports), written as Markdown + JSON + PNG."""
 from __future__ import annotations
 
-import logging
-
-log = logging.getLogger("hibert.evaluate")
-
 import json
+import logging
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,9 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from finetune.base.errors import UserError
 from finetune.base.rouge import Rouge, format_p, paired_bootstrap, summarize_scores
 from finetune.base.selection import lead, oracle_from_labels
 
+log = logging.getLogger("hibert.evaluate")
 HEADLINE = ("rouge1_f", "rouge2_f", "rougeL_f", "rougeLsum_f")
 
 
@@ -152,24 +151,20 @@ def compared_reports(paths: list[str], split: str) -> dict[str, dict[str, Any]]:
                 out[name or cand.parent.parent.name] = report
                 break
         else:
-            raise SystemExit(f"hibert: report {item!r}: no report.json there (run `hibert evaluate` for that run "
+            raise UserError(f"hibert: report {item!r}: no report.json there (run `hibert evaluate` for that run "
                              "first)")
     return out
 
 
 def pair_with_reports(result: dict[str, Any], reports: dict[str, dict[str, Any]], n_resamples: int) -> None:
     """Add `model-<name>` paired differences against other runs' per-document scores (same documents)."""
-    import numpy as np
-
-    from finetune.base.rouge import paired_bootstrap
-
     ours = dict(zip(result["doc_ids"], range(len(result["doc_ids"]))))
     for name, rep in reports.items():
         theirs = rep.get("per_document", {})
         ids = theirs.get("doc_ids", [])
         common = [d for d in ids if d in ours]
         if not common or "model" not in theirs:
-            raise SystemExit(f"hibert evaluate: --compare {name}: its report shares no documents with this one")
+            raise UserError(f"hibert evaluate: --compare {name}: its report shares no documents with this one")
         if len(common) != len(ours):
             log.warning("--compare %s: paired over the %d documents both reports hold (of %d)", name, len(common),
                         len(ours))
@@ -179,3 +174,19 @@ def pair_with_reports(result: dict[str, Any], reports: dict[str, dict[str, Any]]
             m: paired_bootstrap(np.asarray(result["per_document"]["model"][m])[a_idx] * 1.0,
                                 np.asarray(theirs["model"][m])[b_idx] * 1.0, n_resamples)
             for m in HEADLINE}
+
+
+def score_lines(result: dict, paths: dict) -> list[str]:
+    """What `hibert evaluate` prints for a summary report: each system's ROUGE with its CI, the paired
+    differences, and where the report is."""
+    lines = []
+    for name, sc in result["systems"].items():
+        lines.append(f"{name:8s} " + "  ".join(f"{m.replace('_f', '')}={sc[m]['mean']:.2f}"
+                                               f"[{sc[m]['low']:.2f},{sc[m]['high']:.2f}]"
+                                               for m in ("rouge1_f", "rouge2_f", "rougeL_f")))
+    for pair, by_metric in result.get("paired", {}).items():
+        d = by_metric["rouge1_f"]
+        lines.append(f"{pair:16s} R1 {d['diff']:+.2f} [{d['low']:+.2f},{d['high']:+.2f}] "
+                     f"{format_p(d['p_value'], d['resamples'])} (paired)")
+    lines.append(f"report: {paths['md']}  chart: {paths['png']}")
+    return lines

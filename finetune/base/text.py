@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from data_prep import tokenizer as tok
+from data_prep.process import Sentencizer
 from hibert.config.data import DataConfig, SegmenterConfig
 
 _PTB_MARKERS = re.compile(r"(-lrb-|-rrb-| n't\b| 's\b| `` | '' )")
@@ -115,8 +117,6 @@ class TextEncoder:
     limits recorded in the export's `data` settings, its own tokenizer)."""
 
     def __init__(self, export_dir: Path, meta: dict, stanza_dir: str | None = None):
-        from data_prep import tokenizer as tok
-        from data_prep.process import Sentencizer
 
         data = meta.get("data", {})
         seg = data.get("segmenter", {})

@@ -12,10 +12,10 @@ from safetensors.torch import load_file
 from finetune.extractive.task import sentence_scores
 from hibert.runtime.batching import doc_costs, plan_epoch
 from hibert.runtime.export import load_encoder, read_export
+from modeling import HibertExtractive, pack_documents
 
 
 def load_extractive(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict[str, Any]]:
-    from modeling import HibertExtractive
 
     export_dir = Path(export_dir)
     enc, model_cfg, meta = read_export(export_dir)
@@ -35,7 +35,6 @@ def load_extractive(export_dir: Path, device: torch.device | str = "cpu") -> tup
 def score_documents(model: torch.nn.Module, docs: list[list[np.ndarray]], device: torch.device | str = "cpu",
                     batch_tokens: int = 16384) -> list[np.ndarray]:
     """Sentence scores for each document (list of encoded sentences), batched by token budget."""
-    from modeling import pack_documents
 
     if not docs:
         return []

@@ -5,24 +5,24 @@ from pathlib import Path
 
 import numpy as np
 
+from finetune.base.selection import select
 from finetune.base.text import Summary, TextEncoder
+from finetune.extractive.export import load_extractive, score_documents
 
 
 class Summarizer:
-    def __init__(self, export_dir: Path, device: str = "cpu", stanza_dir: str | None = None):
-        from finetune.extractive.export import load_extractive
-
+    def __init__(self, export_dir: Path, device: str = "cpu", stanza_dir: str | None = None, k: int | None = None):
         self.model, meta = load_extractive(export_dir, device)
         self.device = device
-        self.k = meta["selection"].get("top_k", 3)
+        self.k = k or meta["selection"].get("top_k", 3)
         self.trigram_blocking = meta["selection"].get("trigram_blocking", False)
         self.encode = TextEncoder(export_dir, meta, stanza_dir)
         self.cfg = self.encode.cfg
 
-    def __call__(self, doc_id: str, text: str, k: int | None = None) -> Summary:
-        from finetune.base.selection import select
-        from finetune.extractive.export import score_documents
+    def summarize_all(self, docs: list[tuple[str, str]]) -> list[Summary]:
+        return [self(doc_id, text) for doc_id, text in docs]
 
+    def __call__(self, doc_id: str, text: str, k: int | None = None) -> Summary:
         k = k or self.k
         texts, ids, ptb = self.encode(text)
         if not texts:

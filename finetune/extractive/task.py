@@ -5,16 +5,21 @@ every validation document, picks the top-k sentences in document order and repor
 reference; `valid_rouge` (mean of ROUGE-1/2/L F1) drives model selection and early stopping."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from safetensors.torch import save_file
 
+from finetune.extractive.evaluate import rouge_of_selection
 from hibert.config import Config
 from hibert.config.model import ModelConfig
+from hibert.runtime.export import load_encoder
 from hibert.runtime.task import LoaderItem, Task
+from modeling import HibertExtractive, flops_per_batch, pack_documents
 from modeling.packing import PackedDocuments, TensorBundle
 
 
@@ -50,17 +55,14 @@ class ExtractiveTask(Task):
         return cfg.tracking.alias or "finetuned"  # MLflow reserves "latest"
 
     def build_model(self) -> torch.nn.Module:
-        from modeling import HibertExtractive
 
         model = HibertExtractive(self.model_cfg)
         if self.init_state is not None:
-            from hibert.runtime.export import load_encoder
 
             load_encoder(model.encoder, self.init_state)
         return model
 
     def make_item(self, dataset, doc_indices: np.ndarray, epoch: int) -> LoaderItem:
-        from modeling import flops_per_batch, pack_documents
 
         docs, labels = [], []
         for i in doc_indices.tolist():
@@ -114,7 +116,6 @@ class ExtractiveTask(Task):
         return mine
 
     def evaluate(self, trainer) -> dict[str, float]:
-        from finetune.extractive.evaluate import rouge_of_selection
 
         metrics = super().evaluate(trainer)
         scores = self.predict_chunks(trainer, trainer.valid_data)
@@ -129,11 +130,9 @@ class ExtractiveTask(Task):
         return {**metrics, **box[0]}
 
     def write_export_extras(self, out_dir, full_state: dict[str, torch.Tensor]) -> None:
-        from safetensors.torch import save_file
 
         head = {k[len("head."):]: v.contiguous() for k, v in full_state.items() if k.startswith("head.")}
         save_file(head, str(Path(out_dir) / "head.safetensors"))
-        import json
 
         (Path(out_dir) / "extractive.json").write_text(json.dumps({
             "top_k": self.cfg.objective.top_k, "trigram_blocking": self.cfg.objective.trigram_blocking}))

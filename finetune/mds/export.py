@@ -7,6 +7,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from safetensors.torch import load_file
+
+from finetune.abstractive.export import (
+    DECODER_CONFIG,
+    DECODER_WEIGHTS,
+    stored_generation,
+)
+from hibert.config.abstractive import DecoderConfig
+from hibert.config.mds import MDSConfig
+from hibert.runtime.export import load_encoder, read_export
+from modeling.mds import HibertMDS
 
 if TYPE_CHECKING:
     from hibert.config.mds import MDSConfig
@@ -22,23 +33,13 @@ def is_mds_export(local: Path) -> bool:
 def stored_mds_config(stored: dict[str, Any]) -> MDSConfig:
     """The `mds:` settings an export was trained with; one without `global_layer` predates the paper's
     per-head projections (eq. 16-19) and loads as the `v0` form it was trained with."""
-    from hibert.config.mds import MDSConfig
 
     return MDSConfig.model_validate({"global_layer": "v0", **stored})
 
 
 def load_mds(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict[str, Any]]:
     """(HibertMDS in eval mode on `device`, settings) from an export written by the mds task."""
-    from safetensors.torch import load_file
 
-    from finetune.abstractive.export import (
-        DECODER_CONFIG,
-        DECODER_WEIGHTS,
-        stored_generation,
-    )
-    from hibert.config.abstractive import DecoderConfig
-    from hibert.runtime.export import load_encoder, read_export
-    from modeling.mds import HibertMDS
 
     export_dir = Path(export_dir)
     enc, model_cfg, meta = read_export(export_dir)

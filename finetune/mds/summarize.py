@@ -6,7 +6,13 @@ from pathlib import Path
 
 import numpy as np
 
+from data_prep.units import windows
+from finetune.base.clusters import budget_cut, rank_order, tfidf_scores
+from finetune.base.decoding import Decoder
 from finetune.base.text import Summary, TextEncoder
+from finetune.mds.export import load_mds
+from finetune.ranker.export import load_ranker, score_clusters
+from modeling.clusters import unit_graph
 
 
 class ClusterSummarizer:
@@ -17,8 +23,6 @@ class ClusterSummarizer:
 
     def __init__(self, export_dir: Path, device: str = "cpu", stanza_dir: str | None = None, generation=None,
                  ranking: str | None = None, ranker_dir: Path | None = None):
-        from finetune.base.decoding import Decoder
-        from finetune.mds.export import load_mds
 
         model, meta = load_mds(export_dir, device)
         self.generation = generation(meta["generation"]) if callable(generation) else meta["generation"]
@@ -29,13 +33,11 @@ class ClusterSummarizer:
         self.decoder = Decoder(model, Path(export_dir) / "tokenizer.model", self.generation, device, clusters=True)
         self.ranker = None
         if ranker_dir is not None:
-            from finetune.ranker.export import load_ranker
 
             self.ranker, _ = load_ranker(ranker_dir, device)
         self.device = device
 
     def units(self, documents: list[str]) -> tuple[list[list[str]], list[list[np.ndarray]], bool]:
-        from data_prep.units import windows
 
         texts, ids, any_ptb = [], [], False
         for doc in documents:
@@ -48,8 +50,6 @@ class ClusterSummarizer:
         return texts, ids, any_ptb
 
     def summarize_all(self, clusters: list[tuple[str, list[str]]]) -> list[Summary]:
-        from finetune.base.clusters import budget_cut, rank_order, tfidf_scores
-        from finetune.ranker.export import score_clusters
 
         prepared = [self.units(docs) for _, docs in clusters]
         todo = [i for i, (t, _, _) in enumerate(prepared) if t]
@@ -69,7 +69,6 @@ class ClusterSummarizer:
         batch = [[prepared[i][1][j] for j in chosen[i].tolist()] for i in todo]
         graphs = None
         if self.mds.graph_attention:
-            from modeling.clusters import unit_graph
 
             graphs = [unit_graph([np.concatenate(u) for u in c], self.mds.graph_threshold) for c in batch]
         decoded = self.decoder.summarize_ids(batch, graphs=graphs)

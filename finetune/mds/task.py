@@ -12,12 +12,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from finetune.abstractive.data import target_ids
 from finetune.abstractive.task import AbstractiveTask
 from finetune.base.clusters import cluster_graphs
+from finetune.base.decoding import Decoder
+from finetune.base.rouge import Rouge
 from finetune.mds.export import MDS_CONFIG
 from finetune.ranker.ranking import trained_mds_settings
 from hibert.config import Config
 from hibert.runtime.task import LoaderItem
+from modeling import flops_per_batch
+from modeling.mds import HibertMDS, make_mds_batch
 
 
 class MDSTask(AbstractiveTask):
@@ -27,15 +32,11 @@ class MDSTask(AbstractiveTask):
         return "hibert-mds"
 
     def new_model(self) -> torch.nn.Module:
-        from modeling.mds import HibertMDS
 
         return HibertMDS(self.model_cfg, self.cfg.decoder, self.cfg.mds)
 
     # ---------------------------------------------------------------- data
     def make_item(self, dataset, doc_indices: np.ndarray, epoch: int) -> LoaderItem:
-        from finetune.abstractive.data import target_ids
-        from modeling import flops_per_batch
-        from modeling.mds import make_mds_batch
 
         rows = doc_indices.tolist()
         clusters, targets = [], []
@@ -57,8 +58,6 @@ class MDSTask(AbstractiveTask):
 
     # ---------------------------------------------------------------- evaluation
     def decode_rouge(self, state: dict[str, torch.Tensor], data, device: torch.device) -> dict[str, float]:
-        from finetune.base.decoding import Decoder
-        from finetune.base.rouge import Rouge
 
         model = self.new_model()
         model.load_state_dict(state)

@@ -9,22 +9,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
-from finetune.base.clusters import data_note
+from data_prep import DocumentDataset
+from finetune.base.clusters import all_units_view, data_note, rank_order, tfidf_scores
+from finetune.base.errors import UserError
+from finetune.base.rouge import bootstrap_ci, format_p, paired_bootstrap
+from finetune.ranker.export import load_ranker, score_clusters
+from finetune.ranker.metrics import CUTOFFS, ranking_table
+from hibert.redact import redact_uri
 
 log = logging.getLogger("hibert.evaluate")
 
 
 def evaluate_ranker(cfg, args: argparse.Namespace, local: Path, ref: str) -> dict[str, Any]:
     """ROUGE-L recall of the top L' units: the learned ranker vs tf-idf, document order and the oracle."""
-    import torch
 
-    from data_prep import DocumentDataset
-    from finetune.base.clusters import all_units_view, rank_order, tfidf_scores
-    from finetune.base.rouge import bootstrap_ci, format_p, paired_bootstrap
-    from finetune.ranker.export import load_ranker, score_clusters
-    from finetune.ranker.metrics import CUTOFFS, ranking_table
-    from hibert.redact import redact_uri
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, meta = load_ranker(local, device)
@@ -32,7 +32,7 @@ def evaluate_ranker(cfg, args: argparse.Namespace, local: Path, ref: str) -> dic
     view = all_units_view(test)
     n = len(view) if not args.limit else min(args.limit, len(view))
     if n == 0:
-        raise SystemExit(f"hibert evaluate: split {args.split!r} of {cfg.data.dataset_dir} has no clusters with "
+        raise UserError(f"hibert evaluate: split {args.split!r} of {cfg.data.dataset_dir} has no clusters with "
                          "summaries")
     texts = [view.units_text(k) for k in range(n)]
     scores = score_clusters(model, [view.units(k) for k in range(n)], device)

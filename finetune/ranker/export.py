@@ -7,6 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
+
+from hibert.config.mds import MDSConfig
+from hibert.runtime.export import load_encoder, read_export
+from modeling.clusters import pack_clusters
+from modeling.ranker import HibertRanker
 
 RANKER_WEIGHTS = "ranker.safetensors"
 
@@ -18,7 +24,6 @@ RANKER_CONFIG = "ranker.json"
 def score_clusters(model: torch.nn.Module, clusters: list[list[list[np.ndarray]]], device: torch.device | str,
                    max_tokens: int = 32768) -> list[np.ndarray]:
     """Ranker scores of every unit of every cluster (clusters batched up to `max_tokens`), in input order."""
-    from modeling.clusters import pack_clusters
 
     out: list[np.ndarray] = []
     batch: list[list[list[np.ndarray]]] = []
@@ -45,11 +50,7 @@ def score_clusters(model: torch.nn.Module, clusters: list[list[list[np.ndarray]]
 
 def load_ranker(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict]:
     """(ranker in eval mode, settings) from an export written by this task."""
-    from safetensors.torch import load_file
 
-    from hibert.config.mds import MDSConfig
-    from hibert.runtime.export import load_encoder, read_export
-    from modeling.ranker import HibertRanker
 
     export_dir = Path(export_dir)
     enc, model_cfg, meta = read_export(export_dir)

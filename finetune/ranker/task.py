@@ -13,13 +13,20 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from safetensors.torch import save_file
 from torch import Tensor
 
+from finetune.base.clusters import rank_order, tfidf_scores
 from finetune.ranker.export import RANKER_CONFIG, RANKER_WEIGHTS, score_clusters
+from finetune.ranker.metrics import ranking_table
 from hibert.config import Config
 from hibert.config.model import ModelConfig
+from hibert.runtime.export import gather_fp32_state_dict, load_encoder
 from hibert.runtime.task import LoaderItem, ParamGroup, Task, decay_groups
+from modeling import flops_per_batch
+from modeling.clusters import pack_clusters
 from modeling.packing import TensorBundle
+from modeling.ranker import HibertRanker, ranker_loss
 
 
 @dataclass
@@ -54,14 +61,12 @@ class RankerTask(Task):
         return cfg.tracking.alias or "finetuned"
 
     def new_model(self) -> torch.nn.Module:
-        from modeling.ranker import HibertRanker
 
         return HibertRanker(self.model_cfg, self.cfg.mds.ranker_pool)
 
     def build_model(self) -> torch.nn.Module:
         model = self.new_model()
         if self.init_state is not None:
-            from hibert.runtime.export import load_encoder
 
             load_encoder(model.encoder, self.init_state)
         return model
@@ -75,8 +80,6 @@ class RankerTask(Task):
 
     # ---------------------------------------------------------------- data
     def make_item(self, dataset, doc_indices: np.ndarray, epoch: int) -> LoaderItem:
-        from modeling import flops_per_batch
-        from modeling.clusters import pack_clusters
 
         clusters, labels = [], []
         for i in doc_indices.tolist():
@@ -94,7 +97,6 @@ class RankerTask(Task):
         return LoaderItem(batch, real_tokens=sum(sent_lens), flops=flops, num_docs=len(clusters))
 
     def loss(self, engine, item: LoaderItem):
-        from modeling.ranker import ranker_loss
 
         batch: RankerBatch = item.batch
         scores = engine(batch.clusters.units)
@@ -108,7 +110,6 @@ class RankerTask(Task):
 
     # ---------------------------------------------------------------- evaluation
     def evaluate(self, trainer) -> dict[str, float]:
-        from hibert.runtime.export import gather_fp32_state_dict
 
         metrics = super().evaluate(trainer)
         full = gather_fp32_state_dict(trainer.engine.module, "")
@@ -121,8 +122,6 @@ class RankerTask(Task):
 
     def selection_metrics(self, state: dict[str, Tensor], data, device: torch.device) -> dict[str, float]:
         """ROUGE-L recall of the top 5 units by the model and by tf-idf on the first clusters of `data`."""
-        from finetune.base.clusters import rank_order, tfidf_scores
-        from finetune.ranker.metrics import ranking_table
 
         model = self.new_model()
         model.load_state_dict(state)
@@ -137,7 +136,6 @@ class RankerTask(Task):
 
     # ---------------------------------------------------------------- export
     def write_export_extras(self, out_dir, full_state: dict[str, Tensor]) -> None:
-        from safetensors.torch import save_file
 
         head = {k: v.contiguous() for k, v in full_state.items() if not k.startswith("encoder.")}
         save_file(head, str(Path(out_dir) / RANKER_WEIGHTS))

@@ -1,0 +1,45 @@
+"""Typed settings of `hibert evaluate` and `hibert summarize`, built once from the command line by the CLI
+and handed to the heads' library functions (which never see argparse)."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+
+@dataclass
+class DecodingFlags:
+    """The decoding flags given on the command line (None: the export's generation.json decides); the names
+    are `finetune.base.generation.DECODING_FLAGS`' destinations."""
+    beam: int | None = None
+    min_len: int | None = None
+    max_len: int | None = None
+    length_penalty: float | None = None
+    no_repeat_ngram: int | None = None
+    max_word_pieces: int | None = None
+    batch_size: int | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace):
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if getattr(args, f.name, None) is not None})
+
+
+@dataclass
+class EvalSettings(DecodingFlags):
+    split: str = "test"
+    out: Path | None = None              # report directory (default: <run dir>/report-<split>)
+    no_tune: bool = False                # extractive: keep the model's k and trigram blocking
+    bootstrap: int = 1000                # resamples for CIs and paired differences
+    compare: list[str] = field(default_factory=list)   # NAME=REPORT of other runs, paired by document
+    limit: int | None = None             # score only the first N documents / clusters
+    budget_tokens: int | None = None     # clusters: source tokens read (default: as trained)
+    ranking: str | None = None           # clusters: unit ranking (default: as trained)
+
+    def report_dir(self, run_dir: Path) -> Path:
+        return Path(self.out) if self.out else run_dir / f"report-{self.split}"
+
+
+@dataclass
+class SummarizeSettings(DecodingFlags):
+    k: int | None = None                 # extractive: sentences to extract (default: the model's)
+    ranking: str | None = None           # clusters: unit ranking (default: as trained)
