@@ -31,7 +31,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def load_system(item: str, split: str) -> tuple[str, dict[str, Any], list[str]]:
     """(name, {metric: per-document F1}, document ids) of one `[NAME=]PATH[#SYSTEM]`."""
-
     spec, _, system = item.partition("#")
     name, _, path = spec.rpartition("=")
     report = next(iter(compared_reports([f"x={path}"], split).values()))

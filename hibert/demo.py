@@ -127,8 +127,9 @@ def plot_losses(cfg: Config, out: Path) -> Path | None:
     runs = c.search_runs([exp.experiment_id], filter_string="tags.task != ''")
     # one row of plots per task: their losses (masked-sentence NLL, sentence labels, summary NLL, ranking) live
     # on different scales
-    titles = {"masked_sentence": "pretraining", "extractive": "extractive finetuning",
-              "abstractive": "abstractive finetuning", "ranker": "unit ranker", "mds": "multi-document summarizer"}
+    from finetune.heads import registered_heads
+
+    titles = {"masked_sentence": "pretraining", **{name: h.title for name, h in registered_heads().items()}}
     present = {r.data.tags.get("task") for r in runs}
     tasks = [t for t in titles if t in present] or ["masked_sentence"]
     fig, axes = plt.subplots(len(tasks), 2, figsize=(10, 3.25 * len(tasks)), squeeze=False)
@@ -249,12 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     curves = plot_losses(cfg, root / "report" / "loss_curves.png")
 
     article = Path(args.article)
-    for kind, marker in (("extractive", "head.safetensors"), ("abstractive", "decoder.safetensors")):
-        exports = sorted(p for p in root.glob(f"*finetune*/export/{marker}") if "random" not in p.parts[-3])
-        if exports and article.is_file():
-            print(f"\n== {kind} summary of a held-back article ({article}, first record; {exports[-1].parent}) ==")
+    from finetune.heads import head_of_export, registered_heads
+
+    finetuned = sorted(p.parent for p in root.glob("*finetune*/export/export.json") if "random" not in p.parts[-3])
+    for kind, head in registered_heads().items():  # the last finetuned export of each head that summarizes text
+        exports = [e for e in finetuned if head_of_export(e).name == kind]
+        if exports and article.is_file() and head.summarizer is not None and head.reads == "documents":
+            print(f"\n== {kind} summary of a held-back article ({article}, first record; {exports[-1]}) ==")
             out = subprocess.run([sys.executable, "-m", "hibert.cli", "summarize", str(recipe), *args.overrides,
-                                  "--model", str(exports[-1].parent), "--input", str(article), "--field", "article",
+                                  "--model", str(exports[-1]), "--input", str(article), "--field", "article",
                                   "--limit", "1"], capture_output=True, text=True)
             print(out.stdout.strip() or out.stderr.strip()[-2000:])
 

@@ -6,6 +6,7 @@ and `models:/hibert-encoder@in-domain` resolves to a local directory that any co
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,16 @@ def register_artifact_dir(uri: str, run_id: str, artifact_path: str, name: str, 
     return str(mv.version)
 
 
+_MODELS_REF = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>[^/@]+))/?$")
+
+
+def parse_models_ref(ref: str | None) -> tuple[str, str | None, str | None] | None:
+    """`models:/name@alias` -> (name, alias, None); `models:/name/3` -> (name, None, "3"); else None. The one
+    parser of registry references (the chain and `pin_model_ref` read them with it)."""
+    m = _MODELS_REF.match(ref or "")
+    return (m["name"], m["alias"], m["version"]) if m else None
+
+
 def resolve_model(ref: str, uri: str, dst: str | Path | None = None) -> Path:
     """`models:/name@alias`, `models:/name/3` or a local directory -> local directory with the files."""
     if not ref.startswith("models:/"):
@@ -112,9 +123,10 @@ def resolve_model(ref: str, uri: str, dst: str | Path | None = None) -> Path:
 def pin_model_ref(ref: str, uri: str) -> str:
     """`models:/name@alias` -> `models:/name/<version it points at now>`; other references unchanged. What a
     run read is then recorded exactly, however the alias moves afterwards."""
-    if not ref.startswith("models:/") or "@" not in ref:
+    parsed = parse_models_ref(ref)
+    if parsed is None or parsed[1] is None:
         return ref
-    name, alias = ref[len("models:/"):].split("@", 1)
+    name, alias, _ = parsed
     return f"models:/{name}/{client(uri).get_model_version_by_alias(name, alias).version}"
 
 

@@ -37,8 +37,6 @@ def train(cfg: Config) -> int:
     from pretrain.masked_sentence import MaskedSentenceTask
     from hibert.runtime.run import prepare_run, run_task
 
-    if cfg.objective.kind != "masked_sentence":
-        raise SystemExit(f"hibert pretrain trains objective.kind=masked_sentence, not {cfg.objective.kind}")
     inputs = prepare_run(cfg)
     task = MaskedSentenceTask(cfg, inputs.vocab_size, init_state=inputs.init.state if inputs.init else None)
     return run_task(cfg, inputs, task, "pretrain")

@@ -27,16 +27,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from finetune.heads import HeadError, get_head
 from hibert.config.ops import SlurmStage
 from hibert.config.schema import Config
+from hibert.registry import parse_models_ref
 
 ALIAS_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")      # TrackingConfig.alias
 CHAIN_ID_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 MAX_ALIAS = 255                                           # MLflow's limit
 TRAINING = ("pretrain", "finetune")
-# registry_name of the finetuning tasks (the heads registered in finetune/heads.py)
-FINETUNED_MODELS = {"extractive": "hibert-extractive", "abstractive": "hibert-abstractive"}
-_MODELS_REF = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>[^/@]+))/?$")
 
 
 class ChainError(ValueError):
@@ -68,22 +67,19 @@ def chain_alias(alias: str, chain_id: str) -> str:
 
 
 def written_model(command: str, cfg: Config) -> tuple[str, str] | None:
-    """(registered model, alias) the stage's run registers, or None. Mirrors `Task.registry_name` /
-    `registry_alias` (hibert/runtime/task.py; finetune/*_task.py, the one `finetune.task` names, extractive where
-    the config has no such key) without importing torch; tests/test_chain_handoff.py checks they agree."""
+    """(registered model, alias) the stage's run registers, or None: the registered model of the head
+    `finetune.task` names (finetune/heads.py), or the encoder's; tests/test_chain_handoff.py checks that this
+    agrees with `Task.registry_name` / `registry_alias`."""
     if command not in TRAINING or not cfg.tracking.register_model:
         return None
     if command == "finetune":
-        task = getattr(getattr(cfg, "finetune", None), "task", "extractive")
-        return FINETUNED_MODELS.get(task, f"hibert-{task}"), cfg.tracking.alias or "finetuned"
+        try:
+            head = get_head(cfg.finetune.task)
+        except HeadError as e:
+            raise ChainError(str(e)) from None
+        return head.registered_model, cfg.tracking.alias or "finetuned"
     alias = cfg.tracking.alias or (cfg.run.stage if cfg.run.stage != "none" else None)
     return (cfg.tracking.registered_model, alias) if alias else None
-
-
-def parse_models_ref(ref: str | None) -> tuple[str, str | None, str | None] | None:
-    """`models:/name@alias` -> (name, alias, None); `models:/name/3` -> (name, None, "3"); else None."""
-    m = _MODELS_REF.match(ref or "")
-    return (m["name"], m["alias"], m["version"]) if m else None
 
 
 def store_uri(cfg: Config) -> str:

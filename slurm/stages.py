@@ -20,8 +20,17 @@ from hibert.config.load import configs_root
 from hibert.config.ops import SlurmConfig, SlurmResources, SlurmStage
 from hibert.config.schema import Config
 from hibert.redact import redact_uri
-from slurm.chain import ChainError, Link, StageInput, check_chain_id, check_summaries, link, new_chain_id, \
-    resolve_version, selected_after
+from slurm.chain import (
+    ChainError,
+    Link,
+    StageInput,
+    check_chain_id,
+    check_summaries,
+    link,
+    new_chain_id,
+    resolve_version,
+    selected_after,
+)
 from slurm.render import JobSpec, Raw
 
 # Per-command resources applied before the stage's own `resources:`.
@@ -83,9 +92,8 @@ def default_pipeline(cfg: Config) -> list[SlurmStage]:
         ("pretrain-in", "pretrain", ["run.stage=in-domain", f"run.name={name}-in-domain",
                                      f"run.init=models:/{model}@open-domain"]),
         ("finetune", "finetune", ["run.stage=finetune", f"run.name={name}-finetune",
-                                  f"run.init=models:/{model}@in-domain", "objective.kind=extractive"]),
-        ("evaluate", "evaluate", ["run.stage=finetune", f"run.name={name}-finetune",
-                                  "objective.kind=extractive"]),
+                                  f"run.init=models:/{model}@in-domain"]),
+        ("evaluate", "evaluate", ["run.stage=finetune", f"run.name={name}-finetune"]),
     ]
     return [SlurmStage(name=n, command=c, overrides=o) for n, c, o in stages]
 

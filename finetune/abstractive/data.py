@@ -23,7 +23,6 @@ def target_ids(summary: list[np.ndarray], max_tokens: int) -> np.ndarray:
 
 class FirstChunks(RowView):
     """A view of a `DocumentDataset` split with only chunk 0 of each document that has a summary."""
-
     def __init__(self, dataset):
         self.base = dataset
         first = np.array([dataset.chunk_index(i) == 0 for i in range(len(dataset))], dtype=bool)

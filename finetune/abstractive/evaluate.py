@@ -7,8 +7,8 @@ and the ranked units) and a tf-idf centroid extract. Reports on synthetic cluste
 and meta."""
 from __future__ import annotations
 
-import argparse
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +39,9 @@ from finetune.base.report import (
     score_systems,
     write_report,
 )
-from finetune.mds.export import load_mds
+from finetune.base.settings import EvalSettings
 from finetune.ranker.ranking import ranked_view
+from hibert.config import Config
 from hibert.config.mds import MDSConfig
 from hibert.hashing import file_hash
 from hibert.redact import redact_uri
@@ -48,10 +49,8 @@ from hibert.redact import redact_uri
 log = logging.getLogger("hibert.evaluate")
 
 
-def evaluate_abstractive(cfg, args: argparse.Namespace, local: Path, ref: str, uri: str) -> dict[str, Any]:
+def evaluate_abstractive(cfg: Config, args: EvalSettings, local: Path, ref: str) -> dict[str, Any]:
     """Decode a split with an abstractive export and write the report; returns what the CLI prints."""
-
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
     reports = compared_reports(args.compare, args.split)   # bad --compare fails before any decoding
     model, meta = load_abstractive(local, device)
@@ -86,25 +85,27 @@ def evaluate_abstractive(cfg, args: argparse.Namespace, local: Path, ref: str, u
     return {"result": result, "paths": paths, "meta": report_meta, "out": out}
 
 
-def evaluate_clusters(cfg, args: argparse.Namespace, local: Path, ref: str, mds: bool) -> dict[str, Any]:
-    """Decode a split of clusters with an mds export (or a flat abstractive export) and write the report."""
-
-
+def evaluate_clusters(cfg: Config, args: EvalSettings, local: Path, ref: str, load: Callable,
+                      mds: bool) -> dict[str, Any]:
+    """Decode a split of clusters with an mds export (`mds`; `load` = its loader) or a flat abstractive export,
+    and write the report. `cfg` is not changed: the run reads the units with a copy holding the model's own
+    `mds:` settings (ranking, budget, unit cap) and the command line's --ranking / --budget-tokens."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     reports = compared_reports(args.compare, args.split)
-    model, meta = (load_mds if mds else load_abstractive)(local, device)
+    model, meta = load(local, device)
     gen = generation_from_args(meta["generation"], args)
+    mds_cfg = cfg.mds
     if mds:  # the model reads units as it was trained to: its ranking, budget and unit cap
-        cfg.mds = meta["mds"]
+        mds_cfg = meta["mds"]
     elif meta["decoder"].get("mds"):  # a flat baseline trained on clusters records the same settings
-
-        cfg.mds = MDSConfig.model_validate(meta["decoder"]["mds"])
-    trained_budget = cfg.mds.budget_tokens
-    if getattr(args, "ranking", None):  # e.g. the learned ranker at test time, or tfidf for an ablation
-        cfg.mds = cfg.mds.model_copy(update={"ranking": args.ranking})
-    if getattr(args, "budget_tokens", None):  # Liu & Lapata's test: trained on 800 tokens, read 1,600
-        cfg.mds = cfg.mds.model_copy(update={"budget_tokens": args.budget_tokens})
-    if cfg.mds.ranking == "oracle" and getattr(args, "ranking", None) != "oracle":
+        mds_cfg = MDSConfig.model_validate(meta["decoder"]["mds"])
+    trained_budget = mds_cfg.budget_tokens
+    if args.ranking:  # e.g. the learned ranker at test time, or tfidf for an ablation
+        mds_cfg = mds_cfg.model_copy(update={"ranking": args.ranking})
+    if args.budget_tokens:  # Liu & Lapata's test: trained on 800 tokens, read 1,600
+        mds_cfg = mds_cfg.model_copy(update={"budget_tokens": args.budget_tokens})
+    cfg = cfg.model_copy(update={"mds": mds_cfg})
+    if cfg.mds.ranking == "oracle" and args.ranking != "oracle":
         # the oracle ranks units by ROUGE against the very summaries being scored
         raise UserError("hibert evaluate: this model ranks units with the oracle, which reads the reference "
                          "summaries of the split it scores; pass --ranking tfidf|lead|models:/hibert-ranker@..., "

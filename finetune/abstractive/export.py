@@ -20,8 +20,6 @@ from modeling.abstractive import HibertAbstractive
 
 def load_abstractive(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict[str, Any]]:
     """(model in eval mode on `device`, settings) from an export written by the abstractive task."""
-
-
     export_dir = Path(export_dir)
     enc, model_cfg, meta = read_export(export_dir)
     if not (export_dir / DECODER_WEIGHTS).is_file() or not (export_dir / DECODER_CONFIG).is_file():
@@ -42,14 +40,12 @@ def load_abstractive(export_dir: Path, device: torch.device | str = "cpu") -> tu
 def stored_generation(export_dir: Path):
     """The decoding settings an abstractive (or mds) export was written with (generation.json; the defaults
     when it has none) — read without loading any weights."""
-
     path = Path(export_dir) / GENERATION_CONFIG
     return _validated(GenerationConfig, _read_json(path), path) if path.is_file() else GenerationConfig()
 
 
 def decoder_max_positions(export_dir: Path) -> int:
     """The decoder's target positions (decoder.max_positions of abstractive.json), without loading weights."""
-
     path = Path(export_dir) / DECODER_CONFIG
     if not path.is_file():
         raise FileNotFoundError(f"{export_dir} holds no abstractive decoder ({DECODER_CONFIG})")

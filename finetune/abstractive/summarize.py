@@ -11,9 +11,7 @@ from finetune.base.text import Summary, TextEncoder
 
 class AbstractiveSummarizer:
     """Raw text -> abstract with an abstractive export; documents are decoded in batches."""
-
     def __init__(self, export_dir: Path, device: str = "cpu", stanza_dir: str | None = None, generation=None):
-
         model, meta = load_abstractive(export_dir, device)
         self.generation = generation(meta["generation"]) if callable(generation) else meta["generation"]
         self.encode = TextEncoder(export_dir, meta, stanza_dir)

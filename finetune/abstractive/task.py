@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from finetune.abstractive.data import target_ids
 from finetune.abstractive.export import (
@@ -24,17 +24,19 @@ from finetune.abstractive.export import (
     GENERATION_CONFIG,
 )
 from finetune.base.decoding import Decoder
+from finetune.base.errors import UserError
 from finetune.base.rouge import Rouge
+from finetune.base.task import EncoderHead, encoder_and_head_groups
 from finetune.ranker.ranking import trained_mds_settings
 from hibert.config import Config
 from hibert.config.model import ModelConfig
 from hibert.runtime.export import gather_fp32_state_dict, load_encoder
-from hibert.runtime.task import LoaderItem, ParamGroup, TokenNLLTask, decay_groups
+from hibert.runtime.task import LoaderItem, ParamGroup, TokenNLLTask
 from modeling import flops_per_batch
 from modeling.abstractive import HibertAbstractive, make_abstractive_batch
 
 
-class AbstractiveTask(TokenNLLTask):
+class AbstractiveTask(EncoderHead, TokenNLLTask):
     name = "abstractive"
     eval_metric = "valid_rouge"
     eval_mode = "max"
@@ -46,24 +48,16 @@ class AbstractiveTask(TokenNLLTask):
         self._word_start: np.ndarray | None = None
         self.reads_clusters = False   # the flat multi-document baseline: ranked units back to back
 
-    def model_config(self) -> ModelConfig:
-        return self.model_cfg
 
-    def registry_name(self, cfg: Config) -> str:
-        return "hibert-abstractive"
 
-    def registry_alias(self, cfg: Config) -> str | None:
-        return cfg.tracking.alias or "finetuned"
 
     # ---------------------------------------------------------------- model
     def new_model(self) -> torch.nn.Module:
-
         return HibertAbstractive(self.model_cfg, self.cfg.decoder)
 
     def build_model(self) -> torch.nn.Module:
         model = self.new_model()
         if self.init_state is not None:
-
             load_encoder(model.encoder, self.init_state)
         if self.init_decoder_state is not None:
             model.load_pretraining_decoder(self.init_decoder_state)
@@ -75,15 +69,10 @@ class AbstractiveTask(TokenNLLTask):
         return model
 
     def param_groups(self, model: torch.nn.Module, cfg: Config) -> list[ParamGroup]:
-        ft, wd = cfg.finetune, cfg.optimizer.weight_decay
-        enc = [(n, p) for n, p in model.named_parameters() if n.startswith("encoder.")]
-        dec = [(n, p) for n, p in model.named_parameters() if not n.startswith("encoder.")]
-        return (decay_groups(enc, wd, "encoder.", lr_scale=ft.encoder_lr_scale, warmup_steps=ft.encoder_warmup_steps)
-                + decay_groups(dec, wd, "decoder."))
+        return encoder_and_head_groups(model, cfg, "decoder.")
 
     # ---------------------------------------------------------------- data
     def make_item(self, dataset, doc_indices: np.ndarray, epoch: int) -> LoaderItem:
-
         docs, targets = [], []
         for i in doc_indices.tolist():
             summary = dataset.summary(i)
@@ -105,7 +94,6 @@ class AbstractiveTask(TokenNLLTask):
 
     # ---------------------------------------------------------------- evaluation
     def evaluate(self, trainer) -> dict[str, float]:
-
         metrics = super().evaluate(trainer)
         full = gather_fp32_state_dict(trainer.engine.module, "")
         box = [None]
@@ -117,7 +105,6 @@ class AbstractiveTask(TokenNLLTask):
 
     def decode_rouge(self, state: dict[str, torch.Tensor], data, device: torch.device) -> dict[str, float]:
         """ROUGE of beam-search summaries of the first `eval_decode_docs` documents of `data`."""
-
         model = self.new_model()
         model.load_state_dict(state)
         decoder = Decoder(model.to(device).eval(), data.tokenizer_path, self.cfg.generation, device)
@@ -133,7 +120,6 @@ class AbstractiveTask(TokenNLLTask):
 
     # ---------------------------------------------------------------- export
     def write_export_extras(self, out_dir, full_state: dict[str, torch.Tensor]) -> None:
-
         dec = {k: v.contiguous() for k, v in full_state.items() if not k.startswith("encoder.")}
         save_file(dec, str(Path(out_dir) / DECODER_WEIGHTS))
         settings = {"decoder": self.cfg.decoder.model_dump(mode="json"),
@@ -144,3 +130,12 @@ class AbstractiveTask(TokenNLLTask):
         (Path(out_dir) / DECODER_CONFIG).write_text(json.dumps(settings, indent=1))
         (Path(out_dir) / GENERATION_CONFIG).write_text(json.dumps(self.cfg.generation.model_dump(mode="json"),
                                                                   indent=1))
+
+
+def pretraining_decoder(cfg: Config, init) -> dict[str, torch.Tensor]:
+    """The masked-sentence decoder exported next to a pretrained encoder (finetune.init_decoder)."""
+    path = None if init is None else Path(init.local_dir) / "decoder.safetensors"
+    if path is None or not path.is_file():
+        raise UserError(f"hibert finetune: finetune.init_decoder=true needs run.init to name a pretraining "
+                        f"export with decoder.safetensors (run.init={cfg.run.init})")
+    return load_file(str(path))

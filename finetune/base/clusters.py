@@ -81,7 +81,6 @@ class RankedClusters(RowView):
     """A view of a cluster `DocumentDataset` split: item i = the selected units of cluster i in rank order
     (a list of unit Documents, `units(i)`), `__getitem__` = their sentences back to back (what a flat
     single-document model reads). Only clusters with a summary are kept (`rows`)."""
-
     def __init__(self, dataset, ranking: str = "tfidf", budget: int = 800, top: int | None = None,
                  scores: Sequence[np.ndarray] | None = None, max_units: int | None = None):
         if not getattr(dataset, "is_clusters", False):
@@ -158,7 +157,6 @@ class RankedClusters(RowView):
 
 def cluster_graphs(view, rows: list[int], threshold: float) -> list[np.ndarray]:
     """Liu & Lapata eq. 24's unit graph of each selected cluster: tf-idf cosine between its units."""
-
     return [unit_graph([np.concatenate(u) if u else np.zeros(0, np.int64) for u in view.units(i)], threshold)
             for i in rows]
 

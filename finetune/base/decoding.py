@@ -35,7 +35,6 @@ def word_start_mask(sp) -> np.ndarray:
 class Decoder:
     """Summaries of encoded documents with a (plain, single-process) `HibertAbstractive`, or of clusters
     (lists of unit documents, in rank order) with a `HibertMDS` (`clusters=True`)."""
-
     def __init__(self, model: torch.nn.Module, tokenizer_path: Path, generation, device: torch.device | str,
                  batch_tokens: int = 32768, max_docs: int = 16, clusters: bool = False):
 
@@ -54,7 +53,6 @@ class Decoder:
     def summarize_ids(self, docs: list, generation=None, graphs: list[np.ndarray] | None = None) -> list[Decoded]:
         """One summary per document (lists of encoded sentences) or cluster (lists of units), in input order;
         `graphs`: each cluster's unit graph (graph-informed attention)."""
-
         gen = generation or self.generation
         if not docs:
             return []

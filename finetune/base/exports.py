@@ -19,8 +19,6 @@ def _read_json(path: Path):
 
 def _validated(schema, data, path: Path):
     """`schema.model_validate(data)`, its errors as the config loader words them (one line for one problem)."""
-
-
     try:
         return schema.model_validate(data)
     except ValidationError as e:

@@ -48,7 +48,6 @@ def _given(args: argparse.Namespace) -> dict[str, Any]:
 def check_generation_flags(args: argparse.Namespace) -> None:
     """What the decoding flags tell without a model: each within the `generation:` schema's bounds, and
     --min-len <= --max-len when both are given. Raises `DecodingFlagError` naming the flag."""
-
     given = _given(args)
     for flag, value in given.items():
         for bound in GenerationConfig.model_fields[DECODING_FLAGS[flag][1]].metadata:

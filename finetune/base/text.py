@@ -115,9 +115,7 @@ def read_clusters(sources: list[str], field: str, limit: int | None = None) -> I
 class TextEncoder:
     """Raw text -> encoded sentences exactly as the model's training data was made (segmenter kind and
     limits recorded in the export's `data` settings, its own tokenizer)."""
-
     def __init__(self, export_dir: Path, meta: dict, stanza_dir: str | None = None):
-
         data = meta.get("data", {})
         seg = data.get("segmenter", {})
         limits = data.get("limits", {})

@@ -9,10 +9,17 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from finetune.extractive.task import sentence_scores
 from hibert.runtime.batching import doc_costs, plan_epoch
 from hibert.runtime.export import load_encoder, read_export
 from modeling import HibertExtractive, pack_documents
+
+
+def sentence_scores(model_out: torch.Tensor) -> torch.Tensor:
+    """Probability that each sentence belongs to the summary ([S, 2] softmax logits or [S] sigmoid)."""
+    if model_out.ndim == 2:
+        return model_out.float().softmax(-1)[:, 1]
+    return model_out.float().sigmoid()
+
 
 
 def load_extractive(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict[str, Any]]:
@@ -35,7 +42,6 @@ def load_extractive(export_dir: Path, device: torch.device | str = "cpu") -> tup
 def score_documents(model: torch.nn.Module, docs: list[list[np.ndarray]], device: torch.device | str = "cpu",
                     batch_tokens: int = 16384) -> list[np.ndarray]:
     """Sentence scores for each document (list of encoded sentences), batched by token budget."""
-
     if not docs:
         return []
     costs = doc_costs(np.array([sum(len(s) for s in d) for d in docs]), np.array([len(d) for d in docs]))

@@ -14,10 +14,11 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from finetune.base.task import EncoderHead
 from finetune.extractive.evaluate import rouge_of_selection
+from finetune.extractive.export import sentence_scores
 from hibert.config import Config
 from hibert.config.model import ModelConfig
-from hibert.runtime.export import load_encoder
 from hibert.runtime.task import LoaderItem, Task
 from modeling import HibertExtractive, flops_per_batch, pack_documents
 from modeling.packing import PackedDocuments, TensorBundle
@@ -29,14 +30,7 @@ class ExtractiveBatch(TensorBundle):
     labels: torch.Tensor               # [S] 0/1 per packed sentence
 
 
-def sentence_scores(model_out: torch.Tensor) -> torch.Tensor:
-    """Probability that each sentence belongs to the summary ([S, 2] softmax logits or [S] sigmoid)."""
-    if model_out.ndim == 2:
-        return model_out.float().softmax(-1)[:, 1]
-    return model_out.float().sigmoid()
-
-
-class ExtractiveTask(Task):
+class ExtractiveTask(EncoderHead, Task):
     name = "extractive"
     eval_metric = "valid_rouge"
     eval_mode = "max"
@@ -45,25 +39,15 @@ class ExtractiveTask(Task):
     def __init__(self, cfg: Config, model_cfg: ModelConfig, init_state: dict[str, torch.Tensor] | None = None):
         self.cfg, self.model_cfg, self.init_state = cfg, model_cfg, init_state
 
-    def model_config(self) -> ModelConfig:
-        return self.model_cfg
 
-    def registry_name(self, cfg: Config) -> str:
-        return "hibert-extractive"
 
-    def registry_alias(self, cfg: Config) -> str | None:
-        return cfg.tracking.alias or "finetuned"  # MLflow reserves "latest"
 
     def build_model(self) -> torch.nn.Module:
-
         model = HibertExtractive(self.model_cfg)
-        if self.init_state is not None:
-
-            load_encoder(model.encoder, self.init_state)
+        self.load_init_encoder(model)
         return model
 
     def make_item(self, dataset, doc_indices: np.ndarray, epoch: int) -> LoaderItem:
-
         docs, labels = [], []
         for i in doc_indices.tolist():
             sents = dataset[i]
@@ -116,7 +100,6 @@ class ExtractiveTask(Task):
         return mine
 
     def evaluate(self, trainer) -> dict[str, float]:
-
         metrics = super().evaluate(trainer)
         scores = self.predict_chunks(trainer, trainer.valid_data)
         box = [None]
@@ -130,7 +113,6 @@ class ExtractiveTask(Task):
         return {**metrics, **box[0]}
 
     def write_export_extras(self, out_dir, full_state: dict[str, torch.Tensor]) -> None:
-
         head = {k[len("head."):]: v.contiguous() for k, v in full_state.items() if k.startswith("head.")}
         save_file(head, str(Path(out_dir) / "head.safetensors"))
 

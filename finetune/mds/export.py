@@ -14,6 +14,7 @@ from finetune.abstractive.export import (
     DECODER_WEIGHTS,
     stored_generation,
 )
+from finetune.base.exports import _read_json
 from hibert.config.abstractive import DecoderConfig
 from hibert.config.mds import MDSConfig
 from hibert.runtime.export import load_encoder, read_export
@@ -33,14 +34,20 @@ def is_mds_export(local: Path) -> bool:
 def stored_mds_config(stored: dict[str, Any]) -> MDSConfig:
     """The `mds:` settings an export was trained with; one without `global_layer` predates the paper's
     per-head projections (eq. 16-19) and loads as the `v0` form it was trained with."""
-
     return MDSConfig.model_validate({"global_layer": "v0", **stored})
+
+
+def stored_mds_settings(export_dir: Path) -> MDSConfig:
+    """An mds export's `mds:` settings (mds.json), read without loading any weights."""
+    path = Path(export_dir) / MDS_CONFIG
+    stored = _read_json(path)
+    if not isinstance(stored, dict) or not isinstance(stored.get("mds"), dict):
+        raise ValueError(f"{path} has no 'mds' section (a damaged export)")
+    return stored_mds_config(stored["mds"])
 
 
 def load_mds(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict[str, Any]]:
     """(HibertMDS in eval mode on `device`, settings) from an export written by the mds task."""
-
-
     export_dir = Path(export_dir)
     enc, model_cfg, meta = read_export(export_dir)
     for name in (DECODER_WEIGHTS, DECODER_CONFIG, MDS_CONFIG):

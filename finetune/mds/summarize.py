@@ -20,7 +20,6 @@ class ClusterSummarizer:
     (paragraphs, windows of <= max_unit_sentences), ranked as the model was trained (tf-idf, document order,
     or its learned ranker; the label oracle needs a reference, so tf-idf stands in for it), cut to its token
     budget, decoded in batches."""
-
     def __init__(self, export_dir: Path, device: str = "cpu", stanza_dir: str | None = None, generation=None,
                  ranking: str | None = None, ranker_dir: Path | None = None):
 
@@ -33,12 +32,10 @@ class ClusterSummarizer:
         self.decoder = Decoder(model, Path(export_dir) / "tokenizer.model", self.generation, device, clusters=True)
         self.ranker = None
         if ranker_dir is not None:
-
             self.ranker, _ = load_ranker(ranker_dir, device)
         self.device = device
 
     def units(self, documents: list[str]) -> tuple[list[list[str]], list[list[np.ndarray]], bool]:
-
         texts, ids, any_ptb = [], [], False
         for doc in documents:
             paragraphs, ptb = self.encode.paragraphs(doc)
@@ -50,7 +47,6 @@ class ClusterSummarizer:
         return texts, ids, any_ptb
 
     def summarize_all(self, clusters: list[tuple[str, list[str]]]) -> list[Summary]:
-
         prepared = [self.units(docs) for _, docs in clusters]
         todo = [i for i, (t, _, _) in enumerate(prepared) if t]
         chosen = {}
@@ -69,7 +65,6 @@ class ClusterSummarizer:
         batch = [[prepared[i][1][j] for j in chosen[i].tolist()] for i in todo]
         graphs = None
         if self.mds.graph_attention:
-
             graphs = [unit_graph([np.concatenate(u) for u in c], self.mds.graph_threshold) for c in batch]
         decoded = self.decoder.summarize_ids(batch, graphs=graphs)
         out = [Summary(cid, [], [], 0, "no sentences found") for cid, _ in clusters]

@@ -19,7 +19,6 @@ from finetune.base.decoding import Decoder
 from finetune.base.rouge import Rouge
 from finetune.mds.export import MDS_CONFIG
 from finetune.ranker.ranking import trained_mds_settings
-from hibert.config import Config
 from hibert.runtime.task import LoaderItem
 from modeling import flops_per_batch
 from modeling.mds import HibertMDS, make_mds_batch
@@ -28,16 +27,12 @@ from modeling.mds import HibertMDS, make_mds_batch
 class MDSTask(AbstractiveTask):
     name = "mds"
 
-    def registry_name(self, cfg: Config) -> str:
-        return "hibert-mds"
 
     def new_model(self) -> torch.nn.Module:
-
         return HibertMDS(self.model_cfg, self.cfg.decoder, self.cfg.mds)
 
     # ---------------------------------------------------------------- data
     def make_item(self, dataset, doc_indices: np.ndarray, epoch: int) -> LoaderItem:
-
         rows = doc_indices.tolist()
         clusters, targets = [], []
         for i in rows:
@@ -58,7 +53,6 @@ class MDSTask(AbstractiveTask):
 
     # ---------------------------------------------------------------- evaluation
     def decode_rouge(self, state: dict[str, torch.Tensor], data, device: torch.device) -> dict[str, float]:
-
         model = self.new_model()
         model.load_state_dict(state)
         decoder = Decoder(model.to(device).eval(), data.tokenizer_path, self.cfg.generation, device, clusters=True)

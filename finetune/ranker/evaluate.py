@@ -24,8 +24,6 @@ log = logging.getLogger("hibert.evaluate")
 
 def evaluate_ranker(cfg, args: argparse.Namespace, local: Path, ref: str) -> dict[str, Any]:
     """ROUGE-L recall of the top L' units: the learned ranker vs tf-idf, document order and the oracle."""
-
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, meta = load_ranker(local, device)
     test = DocumentDataset(cfg.data.dataset_dir, args.split)

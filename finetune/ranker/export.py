@@ -24,7 +24,6 @@ RANKER_CONFIG = "ranker.json"
 def score_clusters(model: torch.nn.Module, clusters: list[list[list[np.ndarray]]], device: torch.device | str,
                    max_tokens: int = 32768) -> list[np.ndarray]:
     """Ranker scores of every unit of every cluster (clusters batched up to `max_tokens`), in input order."""
-
     out: list[np.ndarray] = []
     batch: list[list[list[np.ndarray]]] = []
     tokens = 0
@@ -50,8 +49,6 @@ def score_clusters(model: torch.nn.Module, clusters: list[list[list[np.ndarray]]
 
 def load_ranker(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict]:
     """(ranker in eval mode, settings) from an export written by this task."""
-
-
     export_dir = Path(export_dir)
     enc, model_cfg, meta = read_export(export_dir)
     if not (export_dir / RANKER_WEIGHTS).is_file():

@@ -34,7 +34,6 @@ def ranked_view(cfg: Config, dataset, rt=None, run_dir: Path | None = None, reus
     rank 0; the scores are written to <run dir>/rankings/ and read by every rank. `reuse` (training): scores
     already written by this run for the same ranker reference are read back, so a resumed run ranks exactly
     as it started even if the registry alias has moved since, and does not rescore the split."""
-
     m = cfg.mds
     common = {"budget": m.budget_tokens, "top": m.top_units, "max_units": m.max_units}
     if m.ranking in RANKINGS:
@@ -66,7 +65,6 @@ def _cached_ranker(path: Path, field: str = "ranker") -> str:
 def learned_scores(cfg: Config, dataset, ref: str, run_dir: Path, device) -> tuple[list[np.ndarray], str]:
     """A learned ranker's scores for every unit of every cluster of `dataset` that has a summary, and the
     ranker read (an alias pinned to its version: models:/hibert-ranker/3)."""
-
     uri = tracking_uri(cfg.tracking.uri, cfg.run.output_dir)
     pinned = pin_model_ref(ref, uri)
     model, meta = load_ranker(resolve_model(pinned, uri, run_dir / "ranker"), device)

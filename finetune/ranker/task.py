@@ -17,12 +17,13 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from finetune.base.clusters import rank_order, tfidf_scores
+from finetune.base.task import EncoderHead, encoder_and_head_groups
 from finetune.ranker.export import RANKER_CONFIG, RANKER_WEIGHTS, score_clusters
 from finetune.ranker.metrics import ranking_table
 from hibert.config import Config
 from hibert.config.model import ModelConfig
 from hibert.runtime.export import gather_fp32_state_dict, load_encoder
-from hibert.runtime.task import LoaderItem, ParamGroup, Task, decay_groups
+from hibert.runtime.task import LoaderItem, ParamGroup, Task
 from modeling import flops_per_batch
 from modeling.clusters import pack_clusters
 from modeling.packing import TensorBundle
@@ -42,7 +43,7 @@ class RankerBatch(TensorBundle):
         return RankerBatch(self.clusters.pin_memory(), self.labels.pin_memory())
 
 
-class RankerTask(Task):
+class RankerTask(EncoderHead, Task):
     name = "ranker"
     eval_metric = "valid_recall5"
     eval_mode = "max"
@@ -51,36 +52,23 @@ class RankerTask(Task):
     def __init__(self, cfg: Config, model_cfg: ModelConfig, init_state: dict[str, Tensor] | None = None):
         self.cfg, self.model_cfg, self.init_state = cfg, model_cfg, init_state
 
-    def model_config(self) -> ModelConfig:
-        return self.model_cfg
 
-    def registry_name(self, cfg: Config) -> str:
-        return "hibert-ranker"
 
-    def registry_alias(self, cfg: Config) -> str | None:
-        return cfg.tracking.alias or "finetuned"
 
     def new_model(self) -> torch.nn.Module:
-
         return HibertRanker(self.model_cfg, self.cfg.mds.ranker_pool)
 
     def build_model(self) -> torch.nn.Module:
         model = self.new_model()
         if self.init_state is not None:
-
             load_encoder(model.encoder, self.init_state)
         return model
 
     def param_groups(self, model: torch.nn.Module, cfg: Config) -> list[ParamGroup]:
-        ft, wd = cfg.finetune, cfg.optimizer.weight_decay
-        enc = [(n, p) for n, p in model.named_parameters() if n.startswith("encoder.")]
-        head = [(n, p) for n, p in model.named_parameters() if not n.startswith("encoder.")]
-        return (decay_groups(enc, wd, "encoder.", lr_scale=ft.encoder_lr_scale, warmup_steps=ft.encoder_warmup_steps)
-                + decay_groups(head, wd, "head."))
+        return encoder_and_head_groups(model, cfg, "head.")
 
     # ---------------------------------------------------------------- data
     def make_item(self, dataset, doc_indices: np.ndarray, epoch: int) -> LoaderItem:
-
         clusters, labels = [], []
         for i in doc_indices.tolist():
             units = dataset.units(i)
@@ -97,7 +85,6 @@ class RankerTask(Task):
         return LoaderItem(batch, real_tokens=sum(sent_lens), flops=flops, num_docs=len(clusters))
 
     def loss(self, engine, item: LoaderItem):
-
         batch: RankerBatch = item.batch
         scores = engine(batch.clusters.units)
         loss, counted = ranker_loss(scores.float(), batch.labels, batch.clusters.layout, self.cfg.mds.ranker_loss)
@@ -110,7 +97,6 @@ class RankerTask(Task):
 
     # ---------------------------------------------------------------- evaluation
     def evaluate(self, trainer) -> dict[str, float]:
-
         metrics = super().evaluate(trainer)
         full = gather_fp32_state_dict(trainer.engine.module, "")
         box = [None]
@@ -122,7 +108,6 @@ class RankerTask(Task):
 
     def selection_metrics(self, state: dict[str, Tensor], data, device: torch.device) -> dict[str, float]:
         """ROUGE-L recall of the top 5 units by the model and by tf-idf on the first clusters of `data`."""
-
         model = self.new_model()
         model.load_state_dict(state)
         n = min(len(data), self.cfg.finetune.eval_decode_docs)
@@ -136,7 +121,6 @@ class RankerTask(Task):
 
     # ---------------------------------------------------------------- export
     def write_export_extras(self, out_dir, full_state: dict[str, Tensor]) -> None:
-
         head = {k: v.contiguous() for k, v in full_state.items() if not k.startswith("encoder.")}
         save_file(head, str(Path(out_dir) / RANKER_WEIGHTS))
         (Path(out_dir) / RANKER_CONFIG).write_text(json.dumps({"mds": self.cfg.mds.model_dump(mode="json")}, indent=1))

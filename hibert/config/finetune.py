@@ -1,15 +1,15 @@
 """`finetune:` section — which head `hibert finetune` trains and the head's training settings."""
-from typing import Literal
-
 from pydantic import Field
 
 from hibert.config.base import Section
 
 
 class FinetuneConfig(Section):
-    # extractive / abstractive: documents (abstractive on a cluster dataset = the flat baseline over the
-    # ranked units); ranker / mds: clusters (the multi-document paragraph ranker and hierarchical summarizer)
-    task: Literal["extractive", "abstractive", "ranker", "mds"] = "extractive"
+    # the head to train: a name registered in finetune/heads.py (checked there, so that a head registered
+    # outside the project is a valid value). Built in: extractive / abstractive read documents (abstractive on
+    # a cluster dataset = the flat baseline over the ranked units); ranker / mds read clusters (the
+    # multi-document paragraph ranker and hierarchical summarizer)
+    task: str = Field("extractive", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     # abstractive (PreSumm's BertSumAbs recipe on HIBERT): the decoder learns at optimizer.lr with
     # schedule.warmup_steps; the pretrained encoder at optimizer.lr x encoder_lr_scale with its own warmup
     # (PreSumm: encoder 0.002 / 20k, decoder 0.2 / 10k -> encoder_lr_scale 0.01, encoder_warmup_steps 20000).

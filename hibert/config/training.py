@@ -7,7 +7,8 @@ from hibert.config.base import Section
 
 
 class ObjectiveConfig(Section):
-    kind: Literal["masked_sentence", "extractive", "abstractive", "ranker", "mds"] = "masked_sentence"
+    # the pretraining objective; a finetuning run's head is `finetune.task`, not repeated here
+    kind: Literal["masked_sentence"] = "masked_sentence"
     # masked-sentence pretraining (HIBERT §3.2)
     select_ratio: float = Field(0.15, gt=0.0, le=1.0)
     min_selected: int = Field(1, ge=0)
@@ -19,6 +20,12 @@ class ObjectiveConfig(Section):
     # extractive finetuning (HIBERT §3.3)
     top_k: int = Field(3, ge=1)
     trigram_blocking: bool = False
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _legacy_head_kind(cls, v: Any) -> Any:
+        # configs written before finetune.task was the one place naming a head set objective.kind to it
+        return "masked_sentence" if v in ("extractive", "abstractive", "ranker", "mds") else v
 
     @model_validator(mode="after")
     def _check(self) -> "ObjectiveConfig":

@@ -174,8 +174,11 @@ class CheckpointManager:
         if self.rank == 0 and tag_dir.exists():  # a stale partial save of the same step
             shutil.rmtree(tag_dir)
         dist.barrier()
-        from deepspeed.checkpoint.constants import (UNIVERSAL_CHECKPOINT_INFO, UNIVERSAL_CHECKPOINT_VERSION_KEY,
-                                                    UNIVERSAL_CHECKPOINT_VERSION_VALUE)
+        from deepspeed.checkpoint.constants import (
+            UNIVERSAL_CHECKPOINT_INFO,
+            UNIVERSAL_CHECKPOINT_VERSION_KEY,
+            UNIVERSAL_CHECKPOINT_VERSION_VALUE,
+        )
 
         # The universal-checkpoint info lets a later run with another world size convert this tag.
         engine.save_checkpoint(str(self.root), tag=tag, save_latest=False, client_state={

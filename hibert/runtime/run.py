@@ -110,8 +110,8 @@ def check_init_compatible(cfg: Config, init: InitModel, dataset_tokenizer: Path,
 
 def prepare_run(cfg: Config, check_init: bool = True) -> RunInputs:
     from data_prep import DocumentDataset
-    from hibert.runtime.engine import init_distributed
     from data_prep.tokenizer import vocab_size
+    from hibert.runtime.engine import init_distributed
 
     rt = init_distributed(cfg)
     setup_logging(rt.rank)

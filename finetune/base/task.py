@@ -1,0 +1,44 @@
+"""What every head's `Task` shares: an encoder (loaded from `run.init`) under a head, the registered model its
+head spec names, the `finetuned` alias, and the encoder/head optimizer groups."""
+from __future__ import annotations
+
+import torch
+
+from finetune.heads import get_head
+from hibert.config import Config
+from hibert.config.model import ModelConfig
+from hibert.runtime.export import load_encoder
+from hibert.runtime.task import ParamGroup, decay_groups
+
+
+class EncoderHead:
+    """Mixed into a head's Task (before `hibert.runtime.task.Task`): `name` is the head's registered name."""
+    name: str
+    cfg: Config
+    model_cfg: ModelConfig
+    init_state: dict[str, torch.Tensor] | None
+
+    def model_config(self) -> ModelConfig:
+        return self.model_cfg
+
+    def registry_name(self, cfg: Config) -> str:
+        return get_head(self.name).registered_model
+
+    def registry_alias(self, cfg: Config) -> str | None:
+        return cfg.tracking.alias or "finetuned"  # MLflow reserves "latest"
+
+    def load_init_encoder(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The `run.init` encoder's weights into `model.encoder` (none: random init)."""
+        if self.init_state is not None:
+            load_encoder(model.encoder, self.init_state)
+        return model
+
+
+def encoder_and_head_groups(model: torch.nn.Module, cfg: Config, head_prefix: str) -> list[ParamGroup]:
+    """The encoder at optimizer.lr x finetune.encoder_lr_scale with finetune.encoder_warmup_steps; the rest
+    (head, decoder, global layers) at optimizer.lr."""
+    ft, wd = cfg.finetune, cfg.optimizer.weight_decay
+    enc = [(n, p) for n, p in model.named_parameters() if n.startswith("encoder.")]
+    rest = [(n, p) for n, p in model.named_parameters() if not n.startswith("encoder.")]
+    return (decay_groups(enc, wd, "encoder.", lr_scale=ft.encoder_lr_scale, warmup_steps=ft.encoder_warmup_steps)
+            + decay_groups(rest, wd, head_prefix))

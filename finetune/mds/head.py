@@ -1,0 +1,56 @@
+"""The multi-document summarizer's registration (Liu & Lapata 2019 on HIBERT): ranked units of a cluster ->
+local and global layers -> decoder."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from finetune.abstractive.evaluate import evaluate_clusters
+from finetune.abstractive.head import check_has_training_data, use_ranked_clusters
+from finetune.abstractive.task import pretraining_decoder
+from finetune.base.clusters import RANKINGS
+from finetune.base.report import score_lines
+from finetune.base.settings import EvalSettings, SummarizeSettings
+from finetune.heads import EvalOutcome, HeadError, HeadSpec, register_head
+from finetune.mds.export import load_mds, stored_mds_settings
+from finetune.mds.summarize import ClusterSummarizer
+from finetune.mds.task import MDSTask
+from finetune.ranker.head import need_clusters
+from hibert.config import Config
+from hibert.config.model import ModelConfig
+from hibert.registry import resolve_model, tracking_uri
+from hibert.runtime.run import RunInputs
+
+
+def build_task(cfg: Config, inputs: RunInputs, model_cfg: ModelConfig) -> MDSTask:
+    need_clusters(cfg, inputs)
+    decoder_state = pretraining_decoder(cfg, inputs.init) if cfg.finetune.init_decoder else None
+    use_ranked_clusters(cfg, inputs)
+    check_has_training_data(cfg, inputs)
+    task = MDSTask(cfg, model_cfg, inputs.init.state if inputs.init else None, decoder_state)
+    task.reads_clusters = True
+    return task
+
+
+def evaluate(cfg: Config, settings: EvalSettings, local: Path, ref: str, clusters: bool) -> EvalOutcome:
+    if not clusters:
+        raise HeadError(f"hibert evaluate: {ref} is a multi-document model; {cfg.data.dataset_dir} holds "
+                        "documents, not clusters")
+    done = evaluate_clusters(cfg, settings, local, ref, load_mds, mds=True)
+    return EvalOutcome(done["out"], score_lines(done["result"], done["paths"]), done["result"], done["meta"])
+
+
+def summarizer(cfg: Config, local: Path, device: str, generation, settings: SummarizeSettings) -> ClusterSummarizer:
+    """Units ranked as `--ranking` says, else as the model was trained (a learned ranker is resolved here)."""
+    ranking = settings.ranking or stored_mds_settings(local).ranking
+    ranker_dir = None
+    if ranking not in RANKINGS:
+        ranker_dir = resolve_model(ranking, tracking_uri(cfg.tracking.uri, cfg.run.output_dir),
+                                   cfg.run_dir / "summarize-ranker")
+    return ClusterSummarizer(local, device, cfg.data.segmenter.stanza_dir, lambda base: generation, ranking,
+                             ranker_dir)
+
+
+SPEC = register_head(HeadSpec(
+    name="mds", title="multi-document summarizer", registered_model="hibert-mds",
+    build_task=build_task, evaluate=evaluate, summarizer=summarizer, reads="clusters", decodes=True,
+    export_files=("decoder.safetensors", "abstractive.json", "generation.json", "mds.json")))

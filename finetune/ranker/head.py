@@ -1,0 +1,55 @@
+"""The unit ranker's registration (Liu & Lapata 2019 §3): scores every unit of a cluster; it ranks, it does
+not summarize."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from finetune.base.clusters import all_units_view
+from finetune.base.rouge import format_p
+from finetune.base.settings import EvalSettings
+from finetune.heads import EvalOutcome, HeadError, HeadSpec, register_head
+from finetune.ranker.evaluate import evaluate_ranker
+from finetune.ranker.task import RankerTask
+from hibert.config import Config
+from hibert.config.model import ModelConfig
+from hibert.runtime.run import RunInputs
+
+
+def need_clusters(cfg: Config, inputs: RunInputs) -> None:
+    if not inputs.train.is_clusters:
+        raise HeadError(f"hibert finetune: finetune.task={cfg.finetune.task} needs a cluster dataset "
+                        f"({cfg.data.dataset_dir} holds documents); prepare one from multi-document sources")
+
+
+def build_task(cfg: Config, inputs: RunInputs, model_cfg: ModelConfig) -> RankerTask:
+    need_clusters(cfg, inputs)
+    inputs.train, inputs.valid = all_units_view(inputs.train), all_units_view(inputs.valid)
+    if len(inputs.train) == 0:
+        raise HeadError(f"hibert finetune: {cfg.data.dataset_dir} has no training clusters with summaries")
+    if inputs.rt.is_main:
+        logging.getLogger("hibert").info(
+            "ranker: %d train / %d valid clusters%s", len(inputs.train), len(inputs.valid),
+            " (SYNTHETIC clusters)" if inputs.train.manifest.get("synthetic") else "")
+    return RankerTask(cfg, model_cfg, inputs.init.state if inputs.init else None)
+
+
+def evaluate(cfg: Config, settings: EvalSettings, local: Path, ref: str, clusters: bool) -> EvalOutcome:
+    if not clusters:
+        raise HeadError(f"hibert evaluate: {ref} is a multi-document model; {cfg.data.dataset_dir} holds "
+                        "documents, not clusters")
+    done = evaluate_ranker(cfg, settings, local, ref)
+    lines = [f"{name:15s} " + "  ".join(f"L'={c}: {v['mean']:.2f}" for c, v in by_cut.items())
+             for name, by_cut in done["payload"]["recall"].items()]
+    for pair, by_cut in done["payload"]["paired"].items():
+        d = by_cut["5"]
+        lines.append(f"{pair:22s} L'=5 {d['diff']:+.2f} [{d['low']:+.2f},{d['high']:+.2f}] "
+                     f"{format_p(d['p_value'], d['resamples'])} (paired)")
+    lines.append(f"report: {done['out'] / 'report.md'}")
+    return EvalOutcome(done["out"], lines, None, done["meta"])
+
+
+SPEC = register_head(HeadSpec(
+    name="ranker", title="unit ranker", registered_model="hibert-ranker",
+    build_task=build_task, evaluate=evaluate, summarizer=None, reads="clusters",
+    export_files=("ranker.safetensors", "ranker.json")))
