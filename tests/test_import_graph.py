@@ -1,0 +1,96 @@
+"""The project's import graph (function-level imports included, as ../shared/tools/import_graph.py reads it):
+no cycles; pretrain and finetune never import each other; the runtime imports no task; modeling imports no
+I/O, distributed or tracking code."""
+import ast
+from pathlib import Path
+
+from conftest import REPO
+
+PACKAGES = ("hibert", "modeling", "data_prep", "pretrain", "finetune", "slurm", "configs")
+NOT_IN_MODELING = {"torch.distributed", "deepspeed", "mlflow", "safetensors", "data_prep", "hibert.runtime",
+                   "hibert.registry", "sentencepiece", "stanza", "datasets", "pretrain", "finetune", "slurm"}
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for top in PACKAGES:
+        for p in (REPO / top).rglob("*.py"):
+            parts = list(p.relative_to(REPO).with_suffix("").parts)
+            mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return mods
+
+
+def _imports(path: Path, module: str, mods: dict[str, Path]) -> set[str]:
+    """What a module imports: `from pkg import sub` counts as importing pkg.sub (not pkg) when sub is a module."""
+    base = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            parts = base.split(".")[: len(base.split(".")) - node.level + 1] if node.level else []
+            pre = ".".join(parts + ([node.module] if node.module else []))
+            subs = {f"{pre}.{a.name}" for a in node.names if f"{pre}.{a.name}" in mods}
+            out |= subs if len(subs) == len(node.names) else subs | {pre}
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    return {m: {r for n in _imports(p, m, mods) if (r := resolve(n)) and r != m} for m, p in mods.items()}, mods
+
+
+def test_no_import_cycles():
+    graph, mods = _graph()
+    index, low, stack, on, cycles = {}, {}, [], set(), []
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while (w := stack.pop()) != v:
+                on.discard(w)
+                comp.append(w)
+            on.discard(v)
+            comp.append(v)
+            if sum(mods[c].name != "__init__.py" for c in comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert not cycles, cycles
+
+
+def test_layering():
+    graph, mods = _graph()
+    bad = []
+    for m, deps in graph.items():
+        top = m.split(".")[0]
+        for d in deps:
+            dtop = d.split(".")[0]
+            if {top, dtop} == {"pretrain", "finetune"}:
+                bad.append(f"{m} -> {d} (pretrain and finetune are independent tasks)")
+            if m.startswith("hibert.runtime") and dtop in ("pretrain", "finetune"):
+                bad.append(f"{m} -> {d} (the runtime imports no task)")
+    for m, p in mods.items():
+        if m.split(".")[0] != "modeling":
+            continue
+        for name in _imports(p, m, mods):
+            if any(name == x or name.startswith(x + ".") for x in NOT_IN_MODELING):
+                bad.append(f"{m} imports {name} (modeling/ is pure nn.Module code)")
+    assert not bad, "\n".join(bad)
