@@ -13,7 +13,12 @@ import sys
 from pathlib import Path
 
 from finetune.base.errors import UserError
-from finetune.base.generation import DecodingFlagError, add_generation_arguments, check_generation_flags
+from finetune.base.generation import (
+    DecodingFlagError,
+    add_generation_arguments,
+    check_generation_flags,
+    decoding_from_args,
+)
 from finetune.base.settings import EvalSettings, SummarizeSettings
 from finetune.base.text import InputError, Summary, read_clusters, read_documents
 from finetune.heads import EvalOutcome, HeadSpec, get_head, head_of_export
@@ -90,7 +95,8 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
     from data_prep import DocumentDataset
     from hibert.registry import resolve_model, tracking_uri
 
-    settings = EvalSettings(**{k: v for k, v in vars(args).items() if k in EvalSettings.__dataclass_fields__})
+    settings = EvalSettings(decoding=decoding_from_args(args), **{
+        k: v for k, v in vars(args).items() if k in EvalSettings.__dataclass_fields__ and k != "decoding"})
     try:  # decoding flags that cannot work fail first, on one line naming the flag
         check_generation_flags(settings)
     except DecodingFlagError as e:
@@ -179,8 +185,8 @@ def _print_summary(s: Summary, clusters: bool, as_json: bool) -> None:
 def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
     from hibert.registry import resolve_model, tracking_uri
 
-    settings = SummarizeSettings(**{k: v for k, v in vars(args).items()
-                                    if k in SummarizeSettings.__dataclass_fields__})
+    settings = SummarizeSettings(decoding=decoding_from_args(args), **{
+        k: v for k, v in vars(args).items() if k in SummarizeSettings.__dataclass_fields__ and k != "decoding"})
     try:  # decoding flags that cannot work fail first, on one line naming the flag
         check_generation_flags(settings)
     except DecodingFlagError as e:

@@ -1,6 +1,7 @@
-"""The decoding flags of `hibert evaluate` and `hibert summarize` (--beam, --min-len, ...): declared here,
-checked against the `generation:` schema's bounds and against each other before any model loads, then laid
-over an export's own generation settings."""
+"""The decoding flags of `hibert evaluate` and `hibert summarize` (--beam, --min-len, ...), derived from the
+`generation:` schema (each field declares its flag: hibert/config/abstractive.py), checked against the
+schema's bounds and against each other before any model loads, then laid over an export's own generation
+settings."""
 from __future__ import annotations
 
 import argparse
@@ -9,12 +10,10 @@ from typing import Any
 
 from hibert.config.abstractive import GenerationConfig
 
-# command-line flag -> (argparse attribute, `generation:` field); the bounds are the schema's
-DECODING_FLAGS = {"--beam": ("beam", "beam_size"), "--min-len": ("min_len", "min_length"),
-                  "--max-len": ("max_len", "max_length"), "--length-penalty": ("length_penalty", "length_penalty"),
-                  "--no-repeat-ngram": ("no_repeat_ngram", "no_repeat_ngram"),
-                  "--max-word-pieces": ("max_word_pieces", "max_word_pieces"),
-                  "--batch-size": ("batch_size", "batch_size")}
+# command-line flag -> (argparse attribute, `generation:` field), from the fields that declare a flag
+DECODING_FLAGS = {info.json_schema_extra["flag"]: (info.json_schema_extra["flag"][2:].replace("-", "_"), name)
+                  for name, info in GenerationConfig.model_fields.items()
+                  if isinstance(info.json_schema_extra, dict) and "flag" in info.json_schema_extra}
 
 
 _BOUNDS = (("ge", operator.ge, ">="), ("gt", operator.gt, ">"), ("le", operator.le, "<="), ("lt", operator.lt, "<"))
@@ -28,24 +27,22 @@ class DecodingFlagError(ValueError):
 def add_generation_arguments(p: argparse.ArgumentParser) -> None:
     # plain int/float here: the bounds are checked by `check_generation_flags` (one line naming the flag)
     g = p.add_argument_group("decoding (abstractive models; default: the model's generation.json)")
-    g.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy)")
-    g.add_argument("--min-len", type=int, default=None, help="minimum summary length in subwords")
-    g.add_argument("--max-len", type=int, default=None, help="maximum summary length in subwords (below the "
-                   "decoder's max_positions)")
-    g.add_argument("--length-penalty", type=float, default=None, help="GNMT length penalty alpha")
-    g.add_argument("--no-repeat-ngram", type=int, default=None, help="block repeated word n-grams (0 = off)")
-    g.add_argument("--max-word-pieces", type=int, default=None,
-                   help="at most this many subwords per word (0 = no cap)")
-    g.add_argument("--batch-size", type=int, default=None, help="documents decoded together")
+    for flag, (dest, name) in DECODING_FLAGS.items():
+        info = GenerationConfig.model_fields[name]
+        g.add_argument(flag, dest=dest, type=info.annotation, default=None, help=info.json_schema_extra["help"])
 
 
-def _given(args: argparse.Namespace) -> dict[str, Any]:
-    """The decoding flags on the command line: flag -> value."""
-    return {flag: getattr(args, dest) for flag, (dest, _) in DECODING_FLAGS.items()
-            if getattr(args, dest, None) is not None}
+def decoding_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The decoding flags given on the command line: `generation:` field -> value."""
+    return {name: getattr(args, dest) for dest, name in DECODING_FLAGS.values() if getattr(args, dest, None) is not None}
 
 
-def check_generation_flags(args: argparse.Namespace) -> None:
+def _given(settings) -> dict[str, Any]:
+    """The decoding flags given (`settings.decoding`: `generation:` field -> value): flag -> value."""
+    return {flag: settings.decoding[name] for flag, (_, name) in DECODING_FLAGS.items() if name in settings.decoding}
+
+
+def check_generation_flags(args) -> None:
     """What the decoding flags tell without a model: each within the `generation:` schema's bounds, and
     --min-len <= --max-len when both are given. Raises `DecodingFlagError` naming the flag."""
     given = _given(args)
@@ -60,7 +57,7 @@ def check_generation_flags(args: argparse.Namespace) -> None:
                                 "the minimum summary length cannot exceed the maximum")
 
 
-def generation_from_args(base, args: argparse.Namespace, max_positions: int | None = None):
+def generation_from_args(base, args, max_positions: int | None = None):
     """The export's generation settings with the command line's flags on top, checked: every flag (see
     `check_generation_flags`), the minimum against the maximum length wherever each comes from, and (given the
     decoder's `max_positions`) max_length + 1 target positions against the decoder's table. Raises

@@ -2,26 +2,16 @@
 and handed to the heads' library functions (which never see argparse)."""
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 @dataclass
 class DecodingFlags:
-    """The decoding flags given on the command line (None: the export's generation.json decides); the names
-    are `finetune.base.generation.DECODING_FLAGS`' destinations."""
-    beam: int | None = None
-    min_len: int | None = None
-    max_len: int | None = None
-    length_penalty: float | None = None
-    no_repeat_ngram: int | None = None
-    max_word_pieces: int | None = None
-    batch_size: int | None = None
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace):
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if getattr(args, f.name, None) is not None})
+    """The decoding flags given on the command line: `generation:` field -> value (the rest: the export's
+    generation.json decides). Which flags exist is the schema's (finetune/base/generation.py)."""
+    decoding: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -32,15 +32,30 @@ with warnings.catch_warnings():
         # (rules that involve model.hidden/heads are checked where both are known: modeling.abstractive)
 
 
+def _flag(flag: str, help_text: str) -> dict:
+    """A `generation:` field's command-line flag (`hibert evaluate / summarize`): declared here, once; the flag's
+    bounds are the field's (finetune/base/generation.py derives the arguments and their checks)."""
+    return {"flag": flag, "help": help_text}
+
+
 class GenerationConfig(Section):
-    beam_size: int = Field(5, ge=1, le=256)
-    min_length: int = Field(0, ge=0)           # subwords before EOS may end a summary ([SEP] counts)
-    max_length: int = Field(150, ge=1)         # subwords; EOS is forced after this many
-    length_penalty: float = Field(0.6, ge=0.0, le=10.0)  # GNMT alpha: score = log p / ((5 + |Y|) / 6)^alpha
-    no_repeat_ngram: int = Field(3, ge=0, le=32)  # word n-grams never repeated; 0 = off
-    max_word_pieces: int = Field(0, ge=0, le=64)  # subwords per word at most (stops "he's's's's"); 0 = off
+    beam_size: int = Field(5, ge=1, le=256, json_schema_extra=_flag("--beam", "beam size (1 = greedy)"))
+    # subwords before EOS may end a summary ([SEP] counts)
+    min_length: int = Field(0, ge=0, json_schema_extra=_flag("--min-len", "minimum summary length in subwords"))
+    # subwords; EOS is forced after this many
+    max_length: int = Field(150, ge=1, json_schema_extra=_flag(
+        "--max-len", "maximum summary length in subwords (below the decoder's max_positions)"))
+    # GNMT alpha: score = log p / ((5 + |Y|) / 6)^alpha
+    length_penalty: float = Field(0.6, ge=0.0, le=10.0, json_schema_extra=_flag(
+        "--length-penalty", "GNMT length penalty alpha"))
+    # word n-grams never repeated; 0 = off
+    no_repeat_ngram: int = Field(3, ge=0, le=32, json_schema_extra=_flag(
+        "--no-repeat-ngram", "block repeated word n-grams (0 = off)"))
+    # subwords per word at most (stops "he's's's's"); 0 = off
+    max_word_pieces: int = Field(0, ge=0, le=64, json_schema_extra=_flag(
+        "--max-word-pieces", "at most this many subwords per word (0 = no cap)"))
     early_stopping: bool = True                # stop a document once no open beam can beat its best summary
-    batch_size: int = Field(16, ge=1)          # documents decoded together
+    batch_size: int = Field(16, ge=1, json_schema_extra=_flag("--batch-size", "documents decoded together"))
 
     @model_validator(mode="after")
     def _check(self) -> "GenerationConfig":
