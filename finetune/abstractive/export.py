@@ -4,44 +4,39 @@ that flags that cannot work fail before the model loads."""
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
-from finetune.base.exports import _read_json, _validated
+from finetune.base.exports import load_head_export, read_json, validated
 from finetune.base.generation import generation_from_args
 from hibert.config.abstractive import DecoderConfig, GenerationConfig
-from hibert.runtime.export import load_encoder, read_export
 from modeling.abstractive import HibertAbstractive
 
 
 def load_abstractive(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict[str, Any]]:
     """(model in eval mode on `device`, settings) from an export written by the abstractive task."""
     export_dir = Path(export_dir)
-    enc, model_cfg, meta = read_export(export_dir)
-    if not (export_dir / DECODER_WEIGHTS).is_file() or not (export_dir / DECODER_CONFIG).is_file():
-        raise FileNotFoundError(f"{export_dir} holds no abstractive decoder ({DECODER_WEIGHTS}, {DECODER_CONFIG}): "
-                                "pass a model produced by `hibert finetune finetune.task=abstractive`")
-    settings = json.loads((export_dir / DECODER_CONFIG).read_text())
-    model = HibertAbstractive(model_cfg, DecoderConfig.model_validate(settings["decoder"]))
-    load_encoder(model.encoder, enc)
-    missing, unexpected = model.load_state_dict(load_file(str(export_dir / DECODER_WEIGHTS)), strict=False)
-    missing = [k for k in missing if not k.startswith("encoder.")]
-    if missing or unexpected:
-        raise ValueError(f"{export_dir}/{DECODER_WEIGHTS} does not fit the decoder of {DECODER_CONFIG}: "
-                         f"missing {missing[:5]}, unexpected {unexpected[:5]}")
-    return model.to(device).eval(), {**meta, "generation": stored_generation(export_dir), "decoder": settings,
-                                     "model": model_cfg.model_dump()}
+    settings = {}
+
+    def build(model_cfg):
+        settings.update(read_json(export_dir / DECODER_CONFIG))
+        return HibertAbstractive(model_cfg, DecoderConfig.model_validate(settings["decoder"]))
+
+    model, meta, model_cfg = load_head_export(
+        export_dir, device, weights=DECODER_WEIGHTS, required=(DECODER_WEIGHTS, DECODER_CONFIG), build=build,
+        missing=lambda d, name: f"{d} holds no abstractive decoder ({DECODER_WEIGHTS}, {DECODER_CONFIG}): pass a "
+                                "model produced by `hibert finetune finetune.task=abstractive`")
+    return model, {**meta, "generation": stored_generation(export_dir), "decoder": settings,
+                   "model": model_cfg.model_dump()}
 
 
 def stored_generation(export_dir: Path):
     """The decoding settings an abstractive (or mds) export was written with (generation.json; the defaults
     when it has none) — read without loading any weights."""
     path = Path(export_dir) / GENERATION_CONFIG
-    return _validated(GenerationConfig, _read_json(path), path) if path.is_file() else GenerationConfig()
+    return validated(GenerationConfig, read_json(path), path) if path.is_file() else GenerationConfig()
 
 
 def decoder_max_positions(export_dir: Path) -> int:
@@ -49,10 +44,10 @@ def decoder_max_positions(export_dir: Path) -> int:
     path = Path(export_dir) / DECODER_CONFIG
     if not path.is_file():
         raise FileNotFoundError(f"{export_dir} holds no abstractive decoder ({DECODER_CONFIG})")
-    settings = _read_json(path)
+    settings = read_json(path)
     if not isinstance(settings, dict) or "decoder" not in settings:
         raise ValueError(f"{path} has no 'decoder' section (a damaged export)")
-    return _validated(DecoderConfig, settings["decoder"], path).max_positions
+    return validated(DecoderConfig, settings["decoder"], path).max_positions
 
 
 def generation_for_export(export_dir: Path, args: argparse.Namespace):

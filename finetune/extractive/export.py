@@ -1,16 +1,14 @@
 """Load a finetuned extractive model from its export and score documents (single process, no DeepSpeed)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
 
+from finetune.base.exports import load_head_export, read_json
 from hibert.runtime.batching import doc_costs, plan_epoch
-from hibert.runtime.export import load_encoder, read_export
 from modeling import HibertExtractive, pack_documents
 
 
@@ -23,19 +21,16 @@ def sentence_scores(model_out: torch.Tensor) -> torch.Tensor:
 
 
 def load_extractive(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict[str, Any]]:
-
+    """(extractive model in eval mode, settings incl. its trained k / trigram blocking) from an export."""
     export_dir = Path(export_dir)
-    enc, model_cfg, meta = read_export(export_dir)
-    head_path = export_dir / "head.safetensors"
-    if not head_path.is_file():
-        raise FileNotFoundError(f"{export_dir} holds an encoder but no extractive head (head.safetensors): "
-                                "pass a model produced by `hibert finetune`")
-    model = HibertExtractive(model_cfg)
-    load_encoder(model.encoder, enc)
-    model.head.load_state_dict(load_file(str(head_path)))
+    model, meta, model_cfg = load_head_export(
+        export_dir, device, weights="head.safetensors", required=("head.safetensors",), build=HibertExtractive,
+        into=lambda m: m.head,
+        missing=lambda d, name: f"{d} holds an encoder but no extractive head ({name}): pass a model produced by "
+                                "`hibert finetune`")
     settings_path = export_dir / "extractive.json"
-    settings = json.loads(settings_path.read_text()) if settings_path.is_file() else {}
-    return model.to(device).eval(), {**meta, "selection": settings, "model": model_cfg.model_dump()}
+    settings = read_json(settings_path) if settings_path.is_file() else {}
+    return model, {**meta, "selection": settings, "model": model_cfg.model_dump()}
 
 
 @torch.no_grad()

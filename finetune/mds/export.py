@@ -2,22 +2,19 @@
 no DeepSpeed)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors.torch import load_file
 
 from finetune.abstractive.export import (
     DECODER_CONFIG,
     DECODER_WEIGHTS,
     stored_generation,
 )
-from finetune.base.exports import _read_json
+from finetune.base.exports import load_head_export, read_json
 from hibert.config.abstractive import DecoderConfig
 from hibert.config.mds import MDSConfig
-from hibert.runtime.export import load_encoder, read_export
 from modeling.mds import HibertMDS
 
 if TYPE_CHECKING:
@@ -40,7 +37,7 @@ def stored_mds_config(stored: dict[str, Any]) -> MDSConfig:
 def stored_mds_settings(export_dir: Path) -> MDSConfig:
     """An mds export's `mds:` settings (mds.json), read without loading any weights."""
     path = Path(export_dir) / MDS_CONFIG
-    stored = _read_json(path)
+    stored = read_json(path)
     if not isinstance(stored, dict) or not isinstance(stored.get("mds"), dict):
         raise ValueError(f"{path} has no 'mds' section (a damaged export)")
     return stored_mds_config(stored["mds"])
@@ -49,19 +46,17 @@ def stored_mds_settings(export_dir: Path) -> MDSConfig:
 def load_mds(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict[str, Any]]:
     """(HibertMDS in eval mode on `device`, settings) from an export written by the mds task."""
     export_dir = Path(export_dir)
-    enc, model_cfg, meta = read_export(export_dir)
-    for name in (DECODER_WEIGHTS, DECODER_CONFIG, MDS_CONFIG):
-        if not (export_dir / name).is_file():
-            raise FileNotFoundError(f"{export_dir} has no {name}: pass a model produced by "
-                                    "`hibert finetune finetune.task=mds`")
-    settings = json.loads((export_dir / DECODER_CONFIG).read_text())
-    mds = stored_mds_config(json.loads((export_dir / MDS_CONFIG).read_text())["mds"])
-    model = HibertMDS(model_cfg, DecoderConfig.model_validate(settings["decoder"]), mds)
-    load_encoder(model.encoder, enc)
-    missing, unexpected = model.load_state_dict(load_file(str(export_dir / DECODER_WEIGHTS)), strict=False)
-    missing = [k for k in missing if not k.startswith("encoder.")]
-    if missing or unexpected:
-        raise ValueError(f"{export_dir}/{DECODER_WEIGHTS} does not fit the model of {MDS_CONFIG}: "
-                         f"missing {missing[:5]}, unexpected {unexpected[:5]}")
-    return model.to(device).eval(), {**meta, "generation": stored_generation(export_dir), "decoder": settings,
-                                     "mds": mds, "model": model_cfg.model_dump()}
+    settings: dict[str, Any] = {}
+
+    def build(model_cfg):
+        settings.update(read_json(export_dir / DECODER_CONFIG))
+        settings["mds"] = stored_mds_config(read_json(export_dir / MDS_CONFIG)["mds"])
+        return HibertMDS(model_cfg, DecoderConfig.model_validate(settings["decoder"]), settings["mds"])
+
+    model, meta, model_cfg = load_head_export(
+        export_dir, device, weights=DECODER_WEIGHTS, required=(DECODER_WEIGHTS, DECODER_CONFIG, MDS_CONFIG),
+        build=build, missing=lambda d, name: f"{d} has no {name}: pass a model produced by "
+                                             "`hibert finetune finetune.task=mds`")
+    mds = settings.pop("mds")
+    return model, {**meta, "generation": stored_generation(export_dir), "decoder": settings, "mds": mds,
+                   "model": model_cfg.model_dump()}

@@ -2,15 +2,13 @@
 units of clusters (single process, no DeepSpeed)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
 
+from finetune.base.exports import load_head_export, read_json
 from hibert.config.mds import MDSConfig
-from hibert.runtime.export import load_encoder, read_export
 from modeling.clusters import pack_clusters
 from modeling.ranker import HibertRanker
 
@@ -50,16 +48,14 @@ def score_clusters(model: torch.nn.Module, clusters: list[list[list[np.ndarray]]
 def load_ranker(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict]:
     """(ranker in eval mode, settings) from an export written by this task."""
     export_dir = Path(export_dir)
-    enc, model_cfg, meta = read_export(export_dir)
-    if not (export_dir / RANKER_WEIGHTS).is_file():
-        raise FileNotFoundError(f"{export_dir} holds no ranker ({RANKER_WEIGHTS}): pass a model produced by "
+    settings = {}
+
+    def build(model_cfg):
+        settings["mds"] = MDSConfig.model_validate(read_json(export_dir / RANKER_CONFIG)["mds"])
+        return HibertRanker(model_cfg, settings["mds"].ranker_pool)
+
+    model, meta, model_cfg = load_head_export(
+        export_dir, device, weights=RANKER_WEIGHTS, required=(RANKER_WEIGHTS, RANKER_CONFIG), build=build,
+        missing=lambda d, name: f"{d} holds no ranker ({name}): pass a model produced by "
                                 "`hibert finetune finetune.task=ranker`")
-    mds = MDSConfig.model_validate(json.loads((export_dir / RANKER_CONFIG).read_text())["mds"])
-    model = HibertRanker(model_cfg, mds.ranker_pool)
-    load_encoder(model.encoder, enc)
-    missing, unexpected = model.load_state_dict(load_file(str(export_dir / RANKER_WEIGHTS)), strict=False)
-    missing = [k for k in missing if not k.startswith("encoder.")]
-    if missing or unexpected:
-        raise ValueError(f"{export_dir}/{RANKER_WEIGHTS} does not fit the ranker: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
-    return model.to(device).eval(), {**meta, "mds": mds.model_dump(), "model": model_cfg.model_dump()}
+    return model, {**meta, "mds": settings["mds"].model_dump(), "model": model_cfg.model_dump()}
