@@ -12,8 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from data_prep import DocumentDataset
 from finetune.abstractive.data import FirstChunks
 from finetune.abstractive.export import load_abstractive
@@ -30,131 +28,140 @@ from finetune.base.clusters import (
 )
 from finetune.base.decoding import Decoder
 from finetune.base.errors import UserError
+from finetune.base.evaluation import SummaryEvaluation
 from finetune.base.generation import generation_from_args
 from finetune.base.report import (
-    baseline_systems,
-    compared_reports,
+    Document,
     documents,
-    pair_with_reports,
-    score_systems,
-    write_report,
 )
 from finetune.base.settings import EvalSettings
 from finetune.ranker.ranking import ranked_view
 from hibert.config import Config
 from hibert.config.mds import MDSConfig
-from hibert.hashing import file_hash
 from hibert.redact import redact_uri
 
 log = logging.getLogger("hibert.evaluate")
 
 
-def evaluate_abstractive(cfg: Config, args: EvalSettings, local: Path, ref: str) -> dict[str, Any]:
-    """Decode a split with an abstractive export and write the report; returns what the CLI prints."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    reports = compared_reports(args.compare, args.split)   # bad --compare fails before any decoding
-    model, meta = load_abstractive(local, device)
-    gen = generation_from_args(meta["generation"], args)
-    test = DocumentDataset(cfg.data.dataset_dir, args.split)
-    view = FirstChunks(test)
-    if len(view) == 0:
-        raise UserError(f"hibert evaluate: split {args.split!r} of {cfg.data.dataset_dir} has no documents "
-                         "with summaries")
-    docs = documents(test)                  # whole documents: Lead-3, the oracle and novelty see all of them
-    first = {view.source_doc(i): i for i in range(len(view))}
-    docs = [d for d in docs if d.doc_id in first]
-    if args.limit:
-        docs = docs[: args.limit]
-    decoder = Decoder(model, test.tokenizer_path, gen, device)
-    decoded = decoder.summarize_ids([view[first[d.doc_id]] for d in docs])
-    systems = {"model": [x.sentences for x in decoded], **baseline_systems(docs)}
-    result = score_systems(docs, systems, n_resamples=args.bootstrap)
-    pair_with_reports(result, reports, args.bootstrap)
-    sources = [d.sentences for d in docs]
-    result["abstractiveness"] = {name: abstractiveness(s, sources) for name, s in systems.items()}
-    manifest = Path(cfg.data.dataset_dir) / "manifest.json"
-    report_meta = {"task": "abstractive", "model": redact_uri(ref), "encoder_init": meta.get("init"),
-                   "dataset": str(cfg.data.dataset_dir), "split": args.split,
-                   "generation": gen.model_dump(), "reads": "the first chunk of each document "
-                   f"(<= {model.encoder.cfg.max_positions} positions; data.max_doc_sentences sentences)",
-                   "lead3": "the first 3 sentences", "compared_with": sorted(reports),
-                   "dataset_manifest": file_hash(manifest) if manifest.is_file() else "none",
-                   "finetune_run": meta.get("mlflow_run_id")}
-    out = Path(args.out) if args.out else cfg.run_dir / f"report-{args.split}"
-    paths = write_report(out, result, docs, report_meta)
-    return {"result": result, "paths": paths, "meta": report_meta, "out": out}
+class AbstractiveEvaluation(SummaryEvaluation):
+    """An abstractive export on a split of documents: beam-search summaries of each document's first chunk
+    next to Lead-3 and the oracle (which see the whole document), with novelty and repetition."""
+
+    def load(self):
+        model, meta = load_abstractive(self.export_dir, self.device)
+        self.generation = generation_from_args(meta["generation"], self.settings)
+        return model, meta
+
+    def view(self) -> list[Document]:
+        cfg, settings = self.cfg, self.settings
+        self.test = DocumentDataset(cfg.data.dataset_dir, settings.split)
+        self.chunks = FirstChunks(self.test)
+        if len(self.chunks) == 0:
+            raise UserError(f"hibert evaluate: split {settings.split!r} of {cfg.data.dataset_dir} has no documents "
+                            "with summaries")
+        docs = documents(self.test)         # whole documents: Lead-3, the oracle and novelty see all of them
+        self.first = {self.chunks.source_doc(i): i for i in range(len(self.chunks))}
+        docs = [d for d in docs if d.doc_id in self.first]
+        return docs[: settings.limit] if settings.limit else docs
+
+    def predict(self, docs: list[Document]) -> list[list[str]]:
+        decoder = Decoder(self.model, self.test.tokenizer_path, self.generation, self.device)
+        return [x.sentences for x in decoder.summarize_ids([self.chunks[self.first[d.doc_id]] for d in docs])]
+
+    def add_metrics(self, result, docs, systems) -> None:
+        sources = [d.sentences for d in docs]
+        result["abstractiveness"] = {name: abstractiveness(s, sources) for name, s in systems.items()}
+
+    def report_meta(self, compared_with: list[str]) -> dict[str, Any]:
+        return {"task": "abstractive", "model": redact_uri(self.ref), "encoder_init": self.meta.get("init"),
+                "dataset": str(self.cfg.data.dataset_dir), "split": self.settings.split,
+                "generation": self.generation.model_dump(), "reads": "the first chunk of each document "
+                f"(<= {self.model.encoder.cfg.max_positions} positions; data.max_doc_sentences sentences)",
+                "lead3": "the first 3 sentences", "compared_with": compared_with,
+                "dataset_manifest": self.dataset_manifest(), "finetune_run": self.meta.get("mlflow_run_id")}
 
 
-def evaluate_clusters(cfg: Config, args: EvalSettings, local: Path, ref: str, load: Callable,
-                      mds: bool) -> dict[str, Any]:
-    """Decode a split of clusters with an mds export (`mds`; `load` = its loader) or a flat abstractive export,
-    and write the report. `cfg` is not changed: the run reads the units with a copy holding the model's own
-    `mds:` settings (ranking, budget, unit cap) and the command line's --ranking / --budget-tokens."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    reports = compared_reports(args.compare, args.split)
-    model, meta = load(local, device)
-    gen = generation_from_args(meta["generation"], args)
-    mds_cfg = cfg.mds
-    if mds:  # the model reads units as it was trained to: its ranking, budget and unit cap
-        mds_cfg = meta["mds"]
-    elif meta["decoder"].get("mds"):  # a flat baseline trained on clusters records the same settings
-        mds_cfg = MDSConfig.model_validate(meta["decoder"]["mds"])
-    trained_budget = mds_cfg.budget_tokens
-    if args.ranking:  # e.g. the learned ranker at test time, or tfidf for an ablation
-        mds_cfg = mds_cfg.model_copy(update={"ranking": args.ranking})
-    if args.budget_tokens:  # Liu & Lapata's test: trained on 800 tokens, read 1,600
-        mds_cfg = mds_cfg.model_copy(update={"budget_tokens": args.budget_tokens})
-    cfg = cfg.model_copy(update={"mds": mds_cfg})
-    if cfg.mds.ranking == "oracle" and args.ranking != "oracle":
-        # the oracle ranks units by ROUGE against the very summaries being scored
-        raise UserError("hibert evaluate: this model ranks units with the oracle, which reads the reference "
-                         "summaries of the split it scores; pass --ranking tfidf|lead|models:/hibert-ranker@..., "
-                         "or --ranking oracle for an upper bound (labelled so in the report)")
-    test = DocumentDataset(cfg.data.dataset_dir, args.split)
-    view = ranked_view(cfg, test, None, Path(args.out) if args.out else cfg.run_dir / f"report-{args.split}")
-    n = len(view) if not args.limit else min(args.limit, len(view))
-    if n == 0:
-        raise UserError(f"hibert evaluate: split {args.split!r} of {cfg.data.dataset_dir} has no clusters with "
-                         "summaries")
-    idx = list(range(n))
-    docs, sent_docs = zip(*(cluster_document(view, k) for k in idx))
-    docs = list(docs)
-    decoder = Decoder(model, test.tokenizer_path, gen, device, clusters=mds)
-    if mds:
-        graphs = cluster_graphs(view, idx, cfg.mds.graph_threshold) if cfg.mds.graph_attention else None
-        decoded = decoder.summarize_ids([view.units(k) for k in idx], graphs=graphs)
-    else:
-        decoded = decoder.summarize_ids([view[k] for k in idx])
-    gold_words = [len(" ".join(d.references[0]).split()) for d in docs]
-    systems = {"model": [x.sentences for x in decoded],
-               "lead3_first_doc": [lead_first_document(d.sentences, sd, 3) for d, sd in zip(docs, sent_docs)],
-               "lead_gold_length": [lead_tokens(d.sentences, g) for d, g in zip(docs, gold_words)],
-               "lead_ranked": [lead_tokens(ranked_sentences(view, k), g) for k, g in zip(idx, gold_words)],
-               "tfidf_extract": [tfidf_extract(d.sentences, 3) for d in docs]}
-    result = score_systems(docs, systems, n_resamples=args.bootstrap)
-    pair_with_reports(result, reports, args.bootstrap)
-    sources = [d.sentences for d in docs]
-    result["abstractiveness"] = {name: abstractiveness(s, sources) for name, s in systems.items()}
-    manifest = Path(cfg.data.dataset_dir) / "manifest.json"
-    task = "multi-document (mds)" if mds else "multi-document (flat abstractive baseline)"
-    if test.manifest.get("synthetic"):
-        task += ", SYNTHETIC clusters"
-    report_meta = {"task": task,
-                   **data_note(test), "model": redact_uri(ref), "encoder_init": meta.get("init"),
-                   "dataset": str(cfg.data.dataset_dir), "split": args.split, "generation": gen.model_dump(),
-                   "reads": f"units ranked by {cfg.mds.ranking}, <= {cfg.mds.budget_tokens} tokens (trained on "
-                            f"{trained_budget})"
-                            f"{'' if mds else ', back to back as one document'}"
-                            f"{ORACLE_NOTE if cfg.mds.ranking == 'oracle' else ''}",
-                   "lead3_first_doc": "the first 3 sentences of the first document",
-                   "lead_gold_length": "the first words of the documents back to back (document order), as many as "
-                                       "the reference has",
-                   "lead_ranked": f"Liu & Lapata's Lead: the title and the units ranked by {cfg.mds.ranking} back "
-                                  "to back, cut at the reference's length in words",
-                   "tfidf_extract": "3 sentences by tf-idf cosine to the cluster centroid, redundancy-filtered",
-                   "compared_with": sorted(reports),
-                   "dataset_manifest": file_hash(manifest) if manifest.is_file() else "none",
-                   "finetune_run": meta.get("mlflow_run_id")}
-    out = Path(args.out) if args.out else cfg.run_dir / f"report-{args.split}"
-    paths = write_report(out, result, docs, report_meta)
-    return {"result": result, "paths": paths, "meta": report_meta, "out": out}
+class ClusterEvaluation(AbstractiveEvaluation):
+    """A decoder on a split of clusters: the multi-document summarizer (`mds`, loaded by `load_fn`) or a flat
+    abstractive model reading the ranked units back to back, next to Lead (first sentences of the first
+    document; first words to the gold length, in document order and — Liu & Lapata's definition — of the
+    title and the ranked units) and a tf-idf centroid extract. `cfg` is not changed: the units are read with
+    a copy holding the model's own `mds:` settings (ranking, budget, unit cap) and the command line's
+    --ranking / --budget-tokens."""
+
+    def __init__(self, cfg: Config, settings: EvalSettings, export_dir: Path, ref: str, load_fn: Callable,
+                 mds: bool):
+        super().__init__(cfg, settings, export_dir, ref)
+        self.load_fn, self.mds = load_fn, mds
+
+    def load(self):
+        model, meta = self.load_fn(self.export_dir, self.device)
+        self.generation = generation_from_args(meta["generation"], self.settings)
+        mds_cfg = self.cfg.mds
+        if self.mds:  # the model reads units as it was trained to: its ranking, budget and unit cap
+            mds_cfg = meta["mds"]
+        elif meta["decoder"].get("mds"):  # a flat baseline trained on clusters records the same settings
+            mds_cfg = MDSConfig.model_validate(meta["decoder"]["mds"])
+        self.trained_budget = mds_cfg.budget_tokens
+        if self.settings.ranking:  # e.g. the learned ranker at test time, or tfidf for an ablation
+            mds_cfg = mds_cfg.model_copy(update={"ranking": self.settings.ranking})
+        if self.settings.budget_tokens:  # Liu & Lapata's test: trained on 800 tokens, read 1,600
+            mds_cfg = mds_cfg.model_copy(update={"budget_tokens": self.settings.budget_tokens})
+        self.run_cfg = self.cfg.model_copy(update={"mds": mds_cfg})
+        return model, meta
+
+    def view(self) -> list[Document]:
+        cfg, settings = self.run_cfg, self.settings
+        if cfg.mds.ranking == "oracle" and settings.ranking != "oracle":
+            # the oracle ranks units by ROUGE against the very summaries being scored
+            raise UserError("hibert evaluate: this model ranks units with the oracle, which reads the reference "
+                            "summaries of the split it scores; pass --ranking tfidf|lead|models:/hibert-ranker@..., "
+                            "or --ranking oracle for an upper bound (labelled so in the report)")
+        self.test = DocumentDataset(cfg.data.dataset_dir, settings.split)
+        self.ranked = ranked_view(cfg, self.test, None, settings.report_dir(cfg.run_dir))
+        n = len(self.ranked) if not settings.limit else min(settings.limit, len(self.ranked))
+        if n == 0:
+            raise UserError(f"hibert evaluate: split {settings.split!r} of {cfg.data.dataset_dir} has no clusters "
+                            "with summaries")
+        self.idx = list(range(n))
+        docs, self.sent_docs = zip(*(cluster_document(self.ranked, k) for k in self.idx))
+        return list(docs)
+
+    def predict(self, docs: list[Document]) -> list[list[str]]:
+        cfg, view, idx = self.run_cfg, self.ranked, self.idx
+        decoder = Decoder(self.model, self.test.tokenizer_path, self.generation, self.device, clusters=self.mds)
+        if self.mds:
+            graphs = cluster_graphs(view, idx, cfg.mds.graph_threshold) if cfg.mds.graph_attention else None
+            decoded = decoder.summarize_ids([view.units(k) for k in idx], graphs=graphs)
+        else:
+            decoded = decoder.summarize_ids([view[k] for k in idx])
+        return [x.sentences for x in decoded]
+
+    def baselines(self, docs: list[Document]) -> dict[str, list[list[str]]]:
+        gold_words = [len(" ".join(d.references[0]).split()) for d in docs]
+        return {"lead3_first_doc": [lead_first_document(d.sentences, sd, 3) for d, sd in zip(docs, self.sent_docs)],
+                "lead_gold_length": [lead_tokens(d.sentences, g) for d, g in zip(docs, gold_words)],
+                "lead_ranked": [lead_tokens(ranked_sentences(self.ranked, k), g) for k, g in zip(self.idx, gold_words)],
+                "tfidf_extract": [tfidf_extract(d.sentences, 3) for d in docs]}
+
+    def report_meta(self, compared_with: list[str]) -> dict[str, Any]:
+        cfg, mds = self.run_cfg, self.mds
+        task = "multi-document (mds)" if mds else "multi-document (flat abstractive baseline)"
+        if self.test.manifest.get("synthetic"):
+            task += ", SYNTHETIC clusters"
+        return {"task": task,
+                **data_note(self.test), "model": redact_uri(self.ref), "encoder_init": self.meta.get("init"),
+                "dataset": str(cfg.data.dataset_dir), "split": self.settings.split,
+                "generation": self.generation.model_dump(),
+                "reads": f"units ranked by {cfg.mds.ranking}, <= {cfg.mds.budget_tokens} tokens (trained on "
+                         f"{self.trained_budget})"
+                         f"{'' if mds else ', back to back as one document'}"
+                         f"{ORACLE_NOTE if cfg.mds.ranking == 'oracle' else ''}",
+                "lead3_first_doc": "the first 3 sentences of the first document",
+                "lead_gold_length": "the first words of the documents back to back (document order), as many as "
+                                    "the reference has",
+                "lead_ranked": f"Liu & Lapata's Lead: the title and the units ranked by {cfg.mds.ranking} back "
+                               "to back, cut at the reference's length in words",
+                "tfidf_extract": "3 sentences by tf-idf cosine to the cluster centroid, redundancy-filtered",
+                "compared_with": compared_with,
+                "dataset_manifest": self.dataset_manifest(), "finetune_run": self.meta.get("mlflow_run_id")}

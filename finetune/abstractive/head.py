@@ -6,11 +6,10 @@ import logging
 from pathlib import Path
 
 from finetune.abstractive.data import FirstChunks
-from finetune.abstractive.evaluate import evaluate_abstractive, evaluate_clusters
+from finetune.abstractive.evaluate import AbstractiveEvaluation, ClusterEvaluation
 from finetune.abstractive.export import load_abstractive
 from finetune.abstractive.summarize import AbstractiveSummarizer
 from finetune.abstractive.task import AbstractiveTask, pretraining_decoder
-from finetune.base.report import score_lines
 from finetune.base.settings import EvalSettings, SummarizeSettings
 from finetune.heads import EvalOutcome, HeadError, HeadSpec, register_head
 from finetune.ranker.ranking import ranked_view
@@ -57,10 +56,8 @@ def build_task(cfg: Config, inputs: RunInputs, model_cfg: ModelConfig) -> Abstra
 
 def evaluate(cfg: Config, settings: EvalSettings, local: Path, ref: str, clusters: bool) -> EvalOutcome:
     if clusters:
-        done = evaluate_clusters(cfg, settings, local, ref, load_abstractive, mds=False)
-    else:
-        done = evaluate_abstractive(cfg, settings, local, ref)
-    return EvalOutcome(done["out"], score_lines(done["result"], done["paths"]), done["result"], done["meta"])
+        return ClusterEvaluation(cfg, settings, local, ref, load_abstractive, mds=False).run()
+    return AbstractiveEvaluation(cfg, settings, local, ref).run()
 
 
 def summarizer(cfg: Config, local: Path, device: str, generation, settings: SummarizeSettings):

@@ -9,25 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from data_prep import DocumentDataset
 from finetune.base.errors import UserError
+from finetune.base.evaluation import SummaryEvaluation
 from finetune.base.report import (
     Document,
-    baseline_systems,
-    compared_reports,
     documents,
-    pair_with_reports,
-    score_systems,
-    write_report,
 )
 from finetune.base.rouge import Rouge
 from finetune.base.selection import select
-from finetune.base.settings import EvalSettings
 from finetune.extractive.export import load_extractive, score_split
-from hibert.config import Config
-from hibert.hashing import file_hash
 from hibert.redact import redact_uri
 
 log = logging.getLogger("hibert.evaluate")
@@ -68,45 +60,39 @@ def tune_selection(dataset, chunk_scores: dict[int, np.ndarray], ks=(1, 2, 3, 4,
     return {"k": best["k"], "trigram_blocking": best["trigram_blocking"], "grid": grid}
 
 
-def evaluate_systems(docs: list[Document], scores: dict[str, np.ndarray] | None, k: int, trigram_blocking: bool,
-                     n_resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """ROUGE (mean and 95% CI) of the extractive model, Lead-3 and the oracle on the same documents."""
-    systems: dict[str, list[list[str]]] = {}
-    if scores is not None:
-        systems["model"] = system_summaries(docs, scores, k, trigram_blocking)
-    systems.update(baseline_systems(docs))
-    return score_systems(docs, systems, n_resamples, seed)
+class ExtractiveEvaluation(SummaryEvaluation):
+    """An extractive export on a split: the top-k sentences in document order (k and trigram blocking tuned
+    on 'valid' unless `settings.no_tune`) next to Lead-3 and the oracle."""
 
+    def load(self):
+        return load_extractive(self.export_dir, self.device)
 
-def evaluate_export(cfg: Config, settings: EvalSettings, local: Path, ref: str) -> dict[str, Any]:
-    """Score a split with an extractive export (k and trigram blocking tuned on 'valid' unless
-    `settings.no_tune`) next to Lead-3 and the oracle, and write the report."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, meta = load_extractive(local, device)
-    test = DocumentDataset(cfg.data.dataset_dir, settings.split)
-    if len(test) == 0:
-        raise UserError(f"hibert evaluate: split {settings.split!r} of {cfg.data.dataset_dir} is empty")
-    k, tb = meta["selection"].get("top_k", cfg.objective.top_k), meta["selection"].get("trigram_blocking", False)
-    tuning = None
-    if not settings.no_tune:
-        valid = DocumentDataset(cfg.data.dataset_dir, "valid")
-        if len(valid):
-            tuning = tune_selection(valid, score_split(model, valid, device))
-            k, tb = tuning["k"], tuning["trigram_blocking"]
-            log.info("tuned on valid: k=%d trigram_blocking=%s", k, tb)
-    docs = documents(test)
-    scores = chunk_to_doc_scores(test, score_split(model, test, device))
-    result = evaluate_systems(docs, scores, k, tb, n_resamples=settings.bootstrap)
-    manifest = Path(cfg.data.dataset_dir) / "manifest.json"
-    report_meta = {"model": redact_uri(ref), "encoder_init": meta.get("init"), "dataset": str(cfg.data.dataset_dir),
-                   "split": settings.split, "k": k,
-                   "trigram_blocking": tb, "dataset_manifest": file_hash(manifest) if manifest.is_file() else "none",
-                   "finetune_run": meta.get("mlflow_run_id")}
-    out = settings.report_dir(cfg.run_dir)
-    paths = write_report(out, result, docs, report_meta)
-    if tuning:
-        (out / "tuning.json").write_text(json.dumps(tuning, indent=1))
-    if settings.compare:
-        pair_with_reports(result, compared_reports(settings.compare, settings.split), settings.bootstrap)
-        paths = write_report(out, result, docs, report_meta)
-    return {"result": result, "paths": paths, "meta": report_meta, "out": out}
+    def view(self) -> list[Document]:
+        cfg, settings, selection = self.cfg, self.settings, self.meta["selection"]
+        self.test = DocumentDataset(cfg.data.dataset_dir, settings.split)
+        if len(self.test) == 0:
+            raise UserError(f"hibert evaluate: split {settings.split!r} of {cfg.data.dataset_dir} is empty")
+        self.k = selection.get("top_k", cfg.objective.top_k)
+        self.trigram_blocking = selection.get("trigram_blocking", False)
+        self.tuning = None
+        if not settings.no_tune:
+            valid = DocumentDataset(cfg.data.dataset_dir, "valid")
+            if len(valid):
+                self.tuning = tune_selection(valid, score_split(self.model, valid, self.device))
+                self.k, self.trigram_blocking = self.tuning["k"], self.tuning["trigram_blocking"]
+                log.info("tuned on valid: k=%d trigram_blocking=%s", self.k, self.trigram_blocking)
+        return documents(self.test)
+
+    def predict(self, docs: list[Document]) -> list[list[str]]:
+        scores = chunk_to_doc_scores(self.test, score_split(self.model, self.test, self.device))
+        return system_summaries(docs, scores, self.k, self.trigram_blocking)
+
+    def report_meta(self, compared_with: list[str]) -> dict[str, Any]:
+        return {"model": redact_uri(self.ref), "encoder_init": self.meta.get("init"),
+                "dataset": str(self.cfg.data.dataset_dir), "split": self.settings.split, "k": self.k,
+                "trigram_blocking": self.trigram_blocking, "dataset_manifest": self.dataset_manifest(),
+                "finetune_run": self.meta.get("mlflow_run_id")}
+
+    def write_extras(self, out: Path) -> None:
+        if self.tuning:
+            (out / "tuning.json").write_text(json.dumps(self.tuning, indent=1))

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from finetune.base.report import score_lines
 from finetune.base.settings import EvalSettings, SummarizeSettings
-from finetune.extractive.evaluate import evaluate_export
+from finetune.extractive.evaluate import ExtractiveEvaluation
 from finetune.extractive.summarize import Summarizer
 from finetune.extractive.task import ExtractiveTask
 from finetune.heads import EvalOutcome, HeadError, HeadSpec, register_head
@@ -25,8 +24,7 @@ def evaluate(cfg: Config, settings: EvalSettings, local: Path, ref: str, cluster
     if clusters:
         raise HeadError(f"hibert evaluate: {ref} is an extractive model; {cfg.data.dataset_dir} holds clusters "
                         "(evaluate a ranker, mds or abstractive model on it)")
-    done = evaluate_export(cfg, settings, local, ref)
-    return EvalOutcome(done["out"], score_lines(done["result"], done["paths"]), done["result"], done["meta"])
+    return ExtractiveEvaluation(cfg, settings, local, ref).run()
 
 
 def summarizer(cfg: Config, local: Path, device: str, generation, settings: SummarizeSettings) -> Summarizer:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from finetune.abstractive.evaluate import evaluate_clusters
+from finetune.abstractive.evaluate import ClusterEvaluation
 from finetune.abstractive.head import check_has_training_data, use_ranked_clusters
 from finetune.abstractive.task import pretraining_decoder
 from finetune.base.clusters import RANKINGS
-from finetune.base.report import score_lines
 from finetune.base.settings import EvalSettings, SummarizeSettings
 from finetune.heads import EvalOutcome, HeadError, HeadSpec, register_head
 from finetune.mds.export import load_mds, stored_mds_settings
@@ -35,8 +34,7 @@ def evaluate(cfg: Config, settings: EvalSettings, local: Path, ref: str, cluster
     if not clusters:
         raise HeadError(f"hibert evaluate: {ref} is a multi-document model; {cfg.data.dataset_dir} holds "
                         "documents, not clusters")
-    done = evaluate_clusters(cfg, settings, local, ref, load_mds, mds=True)
-    return EvalOutcome(done["out"], score_lines(done["result"], done["paths"]), done["result"], done["meta"])
+    return ClusterEvaluation(cfg, settings, local, ref, load_mds, mds=True).run()
 
 
 def summarizer(cfg: Config, local: Path, device: str, generation, settings: SummarizeSettings) -> ClusterSummarizer:
