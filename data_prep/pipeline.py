@@ -1,20 +1,18 @@
 """`prepare`: plan -> tokenizer -> shards (in parallel, resumable) -> merge.
 
 Local run (no shard index): everything, then the merge. Slurm array task (`shard_index`): the plan, the
-tokenizer (the first task to get the lock trains it, the others wait), one shard. `merge_only`: the merge.
+tokenizer (the first task to get the lock — an flock, see `ensure_tokenizer` — trains it, the others wait), one shard. `merge_only`: the merge.
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
-import os
 import shutil
-import socket
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+
+from filelock import FileLock, Timeout
 
 from hibert.config.data import DataConfig
 
@@ -105,72 +103,6 @@ def _train_tokenizer(cfg: DataConfig, out: Path, plan: dict[str, Any], pool: Wor
     return len(sentences)
 
 
-UNWRITTEN_LOCK_S = 300  # a holder writes host:pid right after creating the lock; empty this long = it died
-
-
-def _lock_is_stale(lock: Path) -> bool:
-    try:
-        text = lock.read_text()
-        age = time.time() - lock.stat().st_mtime
-    except OSError:
-        return False
-    try:
-        host, pid = text.split(":")[:2]
-    except ValueError:
-        return age > UNWRITTEN_LOCK_S   # (generous: the mtime may come from another host's clock)
-    if host != socket.gethostname():
-        return False  # cannot tell from here; whoever holds it on that host finishes or is rerun
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except (PermissionError, ValueError):
-        return False
-    return False
-
-
-@contextlib.contextmanager
-def _guard(lock: Path) -> Iterator[None]:
-    """An flock on a guard file that is never removed. Judging a lock stale and removing it, and a holder's
-    release, both happen under it: otherwise two processes that saw the same dead holder could each remove a
-    lock (the second removing the live lock the first had just taken), or a waiter could judge a holder dead
-    that released and exited a moment ago and remove the lock a third process had taken since."""
-    with open(lock.with_name(lock.name + ".guard"), "a") as guard:
-        try:
-            fcntl.flock(guard, fcntl.LOCK_EX)   # released when the file closes
-        except OSError as e:  # a filesystem without flock: the check is still right, only not race-free
-            log.warning("cannot flock %s (%s): lock handled unguarded", guard.name, e)
-        yield
-
-
-def _break_if_stale(lock: Path) -> bool:
-    """Remove a lock whose holder died on this host (see `_guard`)."""
-    with _guard(lock):
-        if _lock_is_stale(lock):
-            lock.unlink(missing_ok=True)
-            return True
-        return False
-
-
-def _try_lock(lock: Path) -> bool:
-    """Take the lock file (created exclusively, holding host:pid), or False when a live process holds it."""
-    while True:
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            if _break_if_stale(lock):
-                continue
-            return False
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{socket.gethostname()}:{os.getpid()}")
-        return True
-
-
-def _release(lock: Path) -> None:
-    with _guard(lock):
-        lock.unlink(missing_ok=True)
-
-
 def _existing_tokenizer(out: Path, settings: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """(its description, None) when the dataset has a tokenizer made with these settings; (None, the other
     settings) when it has one made with others; (None, None) when it has none."""
@@ -189,13 +121,15 @@ def ensure_tokenizer(cfg: DataConfig, out: Path, plan: dict[str, Any], pool: Laz
     Concurrent callers (array tasks) serialize on a lock file; the first trains, the others wait."""
     info_path, model = out / TOKENIZER_INFO, out / tok.MODEL_NAME
     settings = _tokenizer_settings(cfg)
-    lock = out / LOCK
+    # an flock (filelock): the kernel releases it when its holder dies, on this host or — on a shared
+    # filesystem with lock support (NFS, Lustre mounted with flock) — on another node of the array
+    lock = FileLock(out / LOCK)
 
     def reusable(locked: bool) -> dict[str, Any] | None:
-        """The existing tokenizer's description when it has these settings. One with other settings is refused,
-        unless it may be being replaced right now (someone else holds the lock)."""
+        """The existing tokenizer's description when it has these settings. One with other settings is refused
+        under the lock (without it, another task may be replacing it right now)."""
         described, other = _existing_tokenizer(out, settings)
-        if other is not None and (locked or not lock.exists()):
+        if other is not None and locked:
             raise planning.PlanMismatch(
                 f"{out} has a tokenizer made with other settings ({other} != {settings}); "
                 "rerun with --fresh, or point data.tokenizer.model at the model to use")
@@ -205,14 +139,15 @@ def ensure_tokenizer(cfg: DataConfig, out: Path, plan: dict[str, Any], pool: Laz
     while True:
         if not fresh and (described := reusable(locked=False)) is not None:
             return described
-        if not _try_lock(lock):
+        try:
+            lock.acquire(timeout=2)
+        except Timeout:
             if not announced:
-                log.info("waiting for the tokenizer another process is making (%s)", lock)
+                log.info("waiting for the tokenizer another process is making (%s)", lock.lock_file)
                 announced = True
-            time.sleep(2)
             continue
         try:
-            # again, under the lock: a holder may have just finished, or a dead one hid a mismatch
+            # again, under the lock: a holder may have just finished, or the existing one has other settings
             if not fresh and (described := reusable(locked=True)) is not None:
                 return described
             info_path.unlink(missing_ok=True)
@@ -226,7 +161,15 @@ def ensure_tokenizer(cfg: DataConfig, out: Path, plan: dict[str, Any], pool: Laz
                                             "describe": described})
             return described
         finally:
-            _release(lock)
+            lock.release()
+
+
+def _merge(cfg: DataConfig, out: Path, plan: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
+    """Merge the shards; every task that could wait on the tokenizer lock is done by then, so its file goes
+    (deleting an flock file while another process may still open it would let two processes hold it)."""
+    manifest = merge(cfg, out, plan, info)
+    (out / LOCK).unlink(missing_ok=True)
+    return manifest
 
 
 def _wipe(out: Path) -> None:
@@ -248,7 +191,7 @@ def prepare(cfg: DataConfig, *, workers: int | None = None, num_shards: int | No
         if plan is None:
             raise FileNotFoundError(f"{out}/{planning.PLAN} is missing: run the shards first")
         info = json.loads((out / TOKENIZER_INFO).read_text())["describe"]
-        return merge(cfg, out, plan, info)
+        return _merge(cfg, out, plan, info)
     local = shard_index is None
     if any(not s.ptb_tokenized for s in cfg.sources):
         check_available(cfg.segmenter)
@@ -277,7 +220,7 @@ def prepare(cfg: DataConfig, *, workers: int | None = None, num_shards: int | No
         pools.close(ok)
     if not local:
         return None
-    manifest = merge(cfg, out, plan, info)
+    manifest = _merge(cfg, out, plan, info)
     c = manifest["counts"]
     log.info("prepared %s: %d docs in, %d kept, skipped %s; %d chunks, %d sentences, %d tokens",
              out, c["docs_in"], c["kept"], c["skipped"], c["chunks"], c["sentences"], c["tokens"])

@@ -419,58 +419,38 @@ def test_shipped_data_configs_load(repo):
 
 
 @pytest.mark.timeout(60)
-def test_a_stale_lock_is_broken_once_when_two_tasks_race(tmp_path, monkeypatch):
-    """Two array tasks that both find a dead holder's lock: exactly one gets the lock. The staleness check is
-    made to force the bad interleaving: the first task to judge waits (up to 1 s) until the other has judged
-    too, the other waits until the lock exists again before its verdict counts. Without the guard both judge
-    the dead holder, the second removes the live lock the first took meanwhile, and both get it."""
-    import socket
-    import threading
-    import time
+def test_the_tokenizer_lock_of_a_killed_task_is_free(tmp_path):
+    """The tokenizer lock is an flock (filelock): while a task holds it another cannot take it; once the holder
+    is killed (-9, no clean-up) the kernel has released it and the next task takes it at once — a dead array
+    task never blocks the others, whatever its lock file holds."""
+    import subprocess
+    import sys
+
+    from filelock import FileLock, Timeout
 
     from data_prep import pipeline as P
 
-    lock = tmp_path / "tokenizer.lock"
-    dead = f"{socket.gethostname()}:999999999"
-    lock.write_text(dead)
-    real, judged, mutex = P._lock_is_stale, [], threading.Lock()
-
-    def wait_for(cond):
-        end = time.time() + 1.0
-        while not cond() and time.time() < end:
-            time.sleep(0.005)
-
-    def interleaving(path):
-        stale = real(path)
-        with mutex:
-            judged.append(stale)
-            first = len(judged) == 1
-        if first:
-            wait_for(lambda: len(judged) > 1)
-        else:
-            wait_for(lambda: path.is_file() and path.read_text() not in ("", dead))
-        return stale
-
-    monkeypatch.setattr(P, "_lock_is_stale", interleaving)
-    start, got = threading.Barrier(2), []
-
-    def task():
-        start.wait()
-        got.append(P._try_lock(lock))
-
-    threads = [threading.Thread(target=task) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert sorted(got) == [False, True]
-    assert lock.read_text() == f"{socket.gethostname()}:{__import__('os').getpid()}"
+    lock = tmp_path / P.LOCK
+    lock.write_text("a holder's leftovers")
+    code = (f"import time\nfrom filelock import FileLock\nheld = FileLock({str(lock)!r})\nheld.acquire()\n"
+            "print('held', flush=True)\ntime.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(Timeout):
+            FileLock(lock).acquire(timeout=0.2)
+    finally:
+        holder.kill()
+        holder.wait(10)
+    waiter = FileLock(lock)
+    waiter.acquire(timeout=5)
+    waiter.release()
 
 
-def test_a_stale_lock_does_not_hide_a_tokenizer_made_with_other_settings(tmp_path):
-    """Breaking a dead task's lock must not skip the settings check: the existing tokenizer stays, the run
-    stops with PlanMismatch (not --fresh), and the lock it took is released."""
-    import socket
+def test_a_leftover_lock_does_not_hide_a_tokenizer_made_with_other_settings(tmp_path):
+    """A dead task's lock file must not skip the settings check: the existing tokenizer stays, the run stops
+    with PlanMismatch (not --fresh), and the lock it took is released."""
+    from filelock import FileLock
 
     from data_prep import pipeline as P
 
@@ -478,27 +458,11 @@ def test_a_stale_lock_does_not_hide_a_tokenizer_made_with_other_settings(tmp_pat
     (tmp_path / tok.MODEL_NAME).write_bytes(b"a tokenizer made with other settings")
     (tmp_path / P.TOKENIZER_INFO).write_text(json.dumps({
         "settings": {"vocab_size": 123}, "sha256": tok.file_sha256(tmp_path / tok.MODEL_NAME), "describe": {}}))
-    (tmp_path / P.LOCK).write_text(f"{socket.gethostname()}:999999999")
+    (tmp_path / P.LOCK).write_text("a holder's leftovers")
     with pytest.raises(PlanMismatch, match="other settings"):
         P.ensure_tokenizer(cfg, tmp_path, {}, None, fresh=False)
     assert (tmp_path / tok.MODEL_NAME).read_bytes() == b"a tokenizer made with other settings"
-    assert not (tmp_path / P.LOCK).exists()
-
-
-def test_a_lock_left_unwritten_is_stale_only_after_a_while(tmp_path):
-    """A holder that died between creating the lock and writing host:pid leaves an empty file: stale once it
-    is older than UNWRITTEN_LOCK_S, live before (its holder may be writing it right now)."""
-    import os
-    import time
-
-    from data_prep import pipeline as P
-
-    lock = tmp_path / "tokenizer.lock"
-    lock.write_text("")
-    assert not P._try_lock(lock)
-    old = time.time() - P.UNWRITTEN_LOCK_S - 5
-    os.utime(lock, (old, old))
-    assert P._try_lock(lock) and lock.read_text().endswith(f":{os.getpid()}")
+    FileLock(tmp_path / P.LOCK).acquire(timeout=0)  # released
 
 
 @pytest.mark.slow
