@@ -23,6 +23,16 @@ from finetune.base.settings import EvalSettings, SummarizeSettings
 from finetune.base.text import InputError, Summary, read_clusters, read_documents
 from finetune.heads import EvalOutcome, HeadSpec, get_head, head_of_export
 from hibert.config import Config
+from hibert.config.mds import ranking_kind
+
+
+def _ranking_arg(value: str) -> str:
+    """--ranking, parsed as `mds.ranking` is (one parser: hibert.config.mds.ranking_kind)."""
+    try:
+        ranking_kind(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
 
 
 def _device() -> str:
@@ -75,7 +85,7 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="abstractive: decode only the first N documents")
     p.add_argument("--budget-tokens", type=int, default=None, help="clusters: source tokens the model reads "
                    "(default: as trained; e.g. train on 800, test on 1600)")
-    p.add_argument("--ranking", default=None, help="clusters: how units are ranked before the budget cut "
+    p.add_argument("--ranking", type=_ranking_arg, default=None, help="clusters: how units are ranked before the budget cut "
                    "(tfidf, lead, oracle, or a ranker: models:/hibert-ranker@finetuned); default: the model's")
     add_generation_arguments(p)
 
@@ -151,7 +161,7 @@ def add_summarize_arguments(p: argparse.ArgumentParser) -> None:
                    help="a text file (one document), a .jsonl file (one document per line, field --field), or - "
                    "for stdin; a multi-document model: several --input files = one cluster, or a .jsonl file "
                    "with a list of documents per line (field --field, default documents)")
-    p.add_argument("--ranking", default=None, help="multi-document model: rank units by tfidf or lead, or "
+    p.add_argument("--ranking", type=_ranking_arg, default=None, help="multi-document model: rank units by tfidf or lead, or "
                    "by a ranker (models:/hibert-ranker@finetuned); default: as the model was trained")
     p.add_argument("--field", default="text", help="JSONL field holding the document text")
     p.add_argument("--k", type=int, default=None, help="sentences to extract (default: the model's)")

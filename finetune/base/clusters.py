@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from finetune.base.views import RowView
+from hibert.config.mds import BUILTIN_RANKINGS
 from hibert.tokens import SEP_ID  # noqa: F401  (re-exported for the tasks' targets)
 from modeling.clusters import unit_graph
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     pass
 from finetune.base.report import Document
 
-RANKINGS = ("tfidf", "oracle", "lead")
+RANKINGS = BUILTIN_RANKINGS  # the orderings computed here; a learned ranker passes its scores
 
 
 _WORD = re.compile(r"[a-z0-9]+")

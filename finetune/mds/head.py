@@ -7,7 +7,6 @@ from pathlib import Path
 from finetune.abstractive.evaluate import ClusterEvaluation
 from finetune.abstractive.head import check_has_training_data, use_ranked_clusters
 from finetune.abstractive.task import pretraining_decoder
-from finetune.base.clusters import RANKINGS
 from finetune.base.settings import EvalSettings, SummarizeSettings
 from finetune.heads import EvalOutcome, HeadError, HeadSpec, register_head
 from finetune.mds.export import load_mds, stored_mds_settings
@@ -15,6 +14,7 @@ from finetune.mds.summarize import ClusterSummarizer
 from finetune.mds.task import MDSTask
 from finetune.ranker.head import need_clusters
 from hibert.config import Config
+from hibert.config.mds import ranking_kind
 from hibert.config.model import ModelConfig
 from hibert.registry import resolve_model, tracking_uri
 from hibert.runtime.run import RunInputs
@@ -41,7 +41,7 @@ def summarizer(cfg: Config, local: Path, device: str, generation, settings: Summ
     """Units ranked as `--ranking` says, else as the model was trained (a learned ranker is resolved here)."""
     ranking = settings.ranking or stored_mds_settings(local).ranking
     ranker_dir = None
-    if ranking not in RANKINGS:
+    if ranking_kind(ranking) == "learned":
         ranker_dir = resolve_model(ranking, tracking_uri(cfg.tracking.uri, cfg.run.output_dir),
                                    cfg.run_dir / "summarize-ranker")
     return ClusterSummarizer(local, device, cfg.data.segmenter.stanza_dir, lambda base: generation, ranking,

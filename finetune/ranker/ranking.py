@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from finetune.base.clusters import RANKINGS, RankedClusters, all_units_view
+from finetune.base.clusters import RankedClusters, all_units_view
 from finetune.ranker.export import load_ranker, score_clusters
 from hibert.config import Config
+from hibert.config.mds import ranking_kind
 from hibert.registry import pin_model_ref, resolve_model, tracking_uri
 
 log = logging.getLogger("hibert")
@@ -22,7 +23,7 @@ def trained_mds_settings(cfg: Config) -> dict:
     split, so evaluate and summarize rank with that ranker even after the alias moves."""
     settings = cfg.mds.model_dump(mode="json")
     cache = cfg.run_dir / "rankings" / "train.npz"
-    if settings["ranking"].startswith("models:/") and cache.is_file() and _cached_ranker(cache) == settings["ranking"]:
+    if ranking_kind(settings["ranking"]) == "learned" and cache.is_file() and _cached_ranker(cache) == settings["ranking"]:
         settings["ranking"] = _cached_ranker(cache, "pinned")
     return settings
 
@@ -36,7 +37,7 @@ def ranked_view(cfg: Config, dataset, rt=None, run_dir: Path | None = None, reus
     as it started even if the registry alias has moved since, and does not rescore the split."""
     m = cfg.mds
     common = {"budget": m.budget_tokens, "top": m.top_units, "max_units": m.max_units}
-    if m.ranking in RANKINGS:
+    if m.ranking_kind != "learned":
         return RankedClusters(dataset, m.ranking, **common)
     run_dir = run_dir or cfg.run_dir
     path = run_dir / "rankings" / f"{dataset.split}.npz"

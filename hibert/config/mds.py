@@ -1,11 +1,27 @@
 """`mds:` section — multi-document summarization: the paragraph ranker and the hierarchical encoder that
 sits between the HIBERT (local) encoder and the abstractive decoder (Liu & Lapata 2019; graph-informed
 attention, their eq. 24; structural attention, Chowdhury et al.)."""
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from hibert.config.base import Section
+
+BUILTIN_RANKINGS = ("tfidf", "oracle", "lead")
+RankingKind = Literal["tfidf", "oracle", "lead", "learned"]
+
+
+def ranking_kind(value: str) -> RankingKind:
+    """`mds.ranking` (or --ranking) parsed, once: a built-in ordering, or "learned" for a ranker named by a
+    `models:/` reference or an export directory. A bare word that is neither (a typo) is refused here, before
+    it could be taken for a directory name."""
+    if value in BUILTIN_RANKINGS:
+        return value  # type: ignore[return-value]
+    if value.startswith("models:/") or "/" in value or Path(value).is_dir():
+        return "learned"
+    raise ValueError(f"ranking {value!r}: use tfidf, lead, oracle, a ranker's models:/ reference "
+                     "(models:/hibert-ranker@finetuned) or its export directory")
 
 
 class MDSConfig(Section):
@@ -26,3 +42,13 @@ class MDSConfig(Section):
     ranking: str = "tfidf"
     budget_tokens: int = Field(800, ge=16)               # the summarizer reads the top units within this
     top_units: int | None = Field(None, ge=1)           # and at most this many
+
+    @field_validator("ranking")
+    @classmethod
+    def _ranking(cls, v: str) -> str:
+        ranking_kind(v)
+        return v
+
+    @property
+    def ranking_kind(self) -> RankingKind:
+        return ranking_kind(self.ranking)
