@@ -8,7 +8,8 @@ skipped and counted (`no_related_articles`) — unrelated articles are never gro
 cluster is shuffled per cluster (seeded) so the target is not always first; `target_doc` says where it is.
 Every record carries `"synthetic": true`, and the stats file says what these clusters are and are not.
 
-tf-idf: lowercased word tokens, sublinear tf, smoothed idf, rows L2-normalised, a scipy sparse matrix; the
+tf-idf: the platform's one (hibert/tfidf.py: lower-cased [a-z0-9] words, sublinear tf, smoothed idf, rows
+L2-normalised), as a scipy sparse matrix; the
 neighbour search multiplies blocks of 2,048 rows by the transposed matrix (work ~ nnz per row x rows sharing
 terms, memory one dense block row at a time) and keeps the top m by argpartition.
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,31 +27,12 @@ from typing import Any, Iterable
 
 import numpy as np
 
-_WORD = re.compile(r"[a-z0-9]+")
+from hibert.tfidf import sparse_matrix
+
 EXAMPLES = 5
 DESCRIPTION = ("SYNTHETIC clusters built from single-document news articles: each article with its tf-idf "
                "nearest neighbours from the same split; the summary is the article's own. Not real "
                "multi-document topics.")
-
-
-def tfidf_matrix(texts: list[str]):
-    """Rows L2-normalised sublinear-tf x smoothed-idf vectors (scipy CSR)."""
-    from scipy import sparse
-
-    vocab: dict[str, int] = {}
-    rows, cols, vals = [], [], []
-    for i, t in enumerate(texts):
-        c = Counter(_WORD.findall(t.lower()))
-        for w, n in c.items():
-            rows.append(i)
-            cols.append(vocab.setdefault(w, len(vocab)))
-            vals.append(1.0 + np.log(n))
-    m = sparse.csr_matrix((vals, (rows, cols)), shape=(len(texts), len(vocab)), dtype=np.float64)
-    df = np.bincount(m.indices, minlength=len(vocab))
-    idf = np.log((1 + len(texts)) / (1 + df)) + 1.0
-    m = m @ sparse.diags(idf)
-    norms = np.sqrt(np.asarray(m.multiply(m).sum(1)).ravel())
-    return sparse.diags(np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)) @ m
 
 
 def neighbours(mat, m: int, min_similarity: float, max_similarity: float,
@@ -83,7 +64,7 @@ def build_clusters(records: list[dict[str, Any]], text_field: str, summary_field
     skipped = 0
     sims_all: list[float] = []
     for split, idx in pools.items():
-        mat = tfidf_matrix([records[i][text_field] for i in idx])
+        mat = sparse_matrix([records[i][text_field] for i in idx])
         for k, nb in enumerate(neighbours(mat, m, min_similarity, max_similarity)):
             i = idx[k]
             if not nb:

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from hibert.tokens import EOS_ID
-from modeling.packing import (Document, PackedDocuments, Sentence, TensorBundle, pack_documents, ragged_slots,
+from modeling.packing import (Document, PackedDocuments, TensorBundle, pack_documents, ragged_slots,
                               round_up)
 
 
@@ -66,7 +66,7 @@ class PackedClusters(TensorBundle):
 def pack_clusters(clusters: Sequence[Sequence[Document]], graphs: Sequence[np.ndarray] | None = None,
                   pad_to_multiple: int = 8) -> PackedClusters:
     """Pack clusters (lists of units; a unit is a list of sentences of token ids). The order of the units in
-    each cluster is their rank order. `graphs`: one [n_units, n_units] matrix per cluster (unit_graph)."""
+    each cluster is their rank order. `graphs`: one [n_units, n_units] matrix per cluster (hibert.tfidf.unit_graph)."""
     if len(clusters) == 0:
         raise ValueError("a batch needs at least one cluster")
     counts = np.fromiter((len(c) for c in clusters), dtype=np.int64, count=len(clusters))
@@ -100,34 +100,3 @@ def pack_clusters(clusters: Sequence[Sequence[Document]], graphs: Sequence[np.nd
                         unit_slot=t(unit_slot), unit_mask=t(np.arange(width) < counts[:, None]),
                         unit_rank=t(unit_rank), token_unit=t(token_unit))
     return PackedClusters(packed, layout, memory, graph)
-
-
-def unit_graph(units: Sequence[Sentence] | Sequence[str], threshold: float) -> np.ndarray:
-    """Liu & Lapata eq. 24's graph [U, U] float32: tf-idf cosine between the units of one cluster, each a bag
-    of token ids (or a text: its lower-cased whitespace words); sublinear tf 1 + log(count), smoothed idf
-    log((1 + U) / (1 + df)) + 1 over the cluster's units, edges below `threshold` dropped, self loops 1 (an
-    empty unit gets only its self loop). Symmetric and NOT row-normalised: the global layer's graph head
-    (`modeling.hierarchical.graph_weights`) normalises each row over the real units of the batch's grid."""
-    n = len(units)
-    if n == 0:
-        return np.zeros((0, 0), np.float32)
-    if all(isinstance(u, str) for u in units):
-        texts = [u.lower() for u in units]  # type: ignore[union-attr]
-        lens = np.fromiter((len(t.split()) for t in texts), dtype=np.int64, count=n)
-        tokens: np.ndarray = np.array(" ".join(texts).split(), dtype=str)
-    else:
-        ids = [np.asarray(u, dtype=np.int64).reshape(-1) for u in units]
-        lens = np.fromiter((len(u) for u in ids), dtype=np.int64, count=n)
-        tokens = np.concatenate(ids)
-    vocab, inverse = np.unique(tokens, return_inverse=True)
-    v = max(len(vocab), 1)
-    unit_of = np.repeat(np.arange(n, dtype=np.int64), lens)
-    tf = np.bincount(unit_of * v + inverse.reshape(-1), minlength=n * v).reshape(n, v).astype(np.float64)
-    df = (tf > 0).sum(0)
-    w = np.where(tf > 0, 1.0 + np.log(np.maximum(tf, 1.0)), 0.0) * (np.log((1 + n) / (1 + df)) + 1.0)
-    norm = np.linalg.norm(w, axis=1, keepdims=True)
-    w = np.divide(w, norm, out=np.zeros_like(w), where=norm > 0)
-    g = w @ w.T
-    g[g < threshold] = 0.0
-    np.fill_diagonal(g, 1.0)
-    return g.astype(np.float32)

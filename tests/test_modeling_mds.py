@@ -14,7 +14,8 @@ from hibert.config.mds import MDSConfig
 from hibert.config.model import ModelConfig
 from hibert.tokens import BOS_ID, EOS_ID, PAD_ID
 from modeling.abstractive import HibertAbstractive, make_abstractive_batch, source_memory
-from modeling.clusters import pack_clusters, unit_graph
+from hibert.tfidf import unit_graph
+from modeling.clusters import pack_clusters
 from modeling.generate import generate
 from modeling.hierarchical import GlobalEncoder, graph_weights, unit_softmax
 from modeling.mds import HibertMDS, MDSBatch, make_mds_batch

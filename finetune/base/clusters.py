@@ -8,7 +8,6 @@ numbers), `lead` (document order), or scores from a learned ranker (`RankedClust
 The view computes every cluster's order once (numpy) and is picklable, so DataLoader workers stay pure."""
 from __future__ import annotations
 
-import re
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -17,7 +16,8 @@ import numpy as np
 from finetune.base.views import RowView
 from hibert.config.mds import BUILTIN_RANKINGS
 from hibert.tokens import SEP_ID  # noqa: F401  (re-exported for the tasks' targets)
-from modeling.clusters import unit_graph
+from hibert import tfidf
+from hibert.tfidf import unit_graph
 
 if TYPE_CHECKING:
     pass
@@ -26,41 +26,10 @@ from finetune.base.report import Document
 RANKINGS = BUILTIN_RANKINGS  # the orderings computed here; a learned ranker passes its scores
 
 
-_WORD = re.compile(r"[a-z0-9]+")
-
-
-def _bags(texts: Sequence[str]) -> list[Counter]:
-    return [Counter(_WORD.findall(t.lower())) for t in texts]
-
-
 def tfidf_scores(unit_texts: Sequence[str], query: str | None = None) -> np.ndarray:
-    """Cosine between each unit's tf-idf vector (sublinear tf, smoothed idf over the cluster's units) and the
-    query's (the title), or the centroid of the unit vectors without a query."""
-    bags = _bags(unit_texts)
-    n = len(bags)
-    if n == 0:
-        return np.zeros(0, np.float64)
-    df: Counter = Counter()
-    for b in bags:
-        df.update(b.keys())
-    vocab = {w: j for j, w in enumerate(df)}
-    idf = np.log((1 + n) / (1 + np.fromiter(df.values(), np.float64, len(df)))) + 1.0
-    mat = np.zeros((n, len(vocab)))
-    for i, b in enumerate(bags):
-        for w, c in b.items():
-            mat[i, vocab[w]] = 1.0 + np.log(c)
-    mat *= idf
-    norms = np.linalg.norm(mat, axis=1, keepdims=True)
-    mat = np.divide(mat, norms, out=np.zeros_like(mat), where=norms > 0)
-    if query is not None and _WORD.search(query.lower()):
-        q = np.zeros(len(vocab))
-        for w, c in _bags([query])[0].items():
-            if w in vocab:
-                q[vocab[w]] = (1.0 + np.log(c)) * idf[vocab[w]]
-    else:
-        q = mat.mean(0)
-    qn = np.linalg.norm(q)
-    return mat @ (q / qn) if qn > 0 else np.zeros(n)
+    """Cosine between each unit's tf-idf vector (idf over the cluster's units; hibert/tfidf.py) and the query's
+    (the title), or the centroid of the unit vectors without a query."""
+    return tfidf.cosine_to_query(unit_texts, query)
 
 
 def rank_order(scores: np.ndarray) -> np.ndarray:
@@ -191,7 +160,7 @@ def tfidf_extract(sentences: Sequence[str], k: int = 3, redundancy: float = 0.5)
         return []
     scores = tfidf_scores(list(sentences))
     order = np.argsort(-scores, kind="stable").tolist()
-    bags = _bags(sentences)
+    bags = [Counter(tfidf.words(s)) for s in sentences]  # raw counts: the redundancy filter's cosine
 
     def cos(a, b) -> float:
         num = sum(c * b.get(w, 0) for w, c in a.items())

@@ -12,7 +12,7 @@ from finetune.base.decoding import Decoder
 from finetune.base.text import Summary, TextEncoder
 from finetune.mds.export import load_mds
 from finetune.ranker.export import load_ranker, score_clusters
-from modeling.clusters import unit_graph
+from hibert.tfidf import unit_graph
 
 
 class ClusterSummarizer:
