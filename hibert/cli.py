@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
                   "with a finetuned model.", True),
     "submit": ("slurm.submit:run", "Render sbatch scripts for a recipe and submit the staged chain "
                "(prep -> merge -> pretrain -> finetune -> evaluate) to Slurm.", True),
+    "demo": ("slurm.local:run", "Run a recipe's staged pipeline locally (default: the demo on the shipped sample: "
+             "prep -> pretraining -> finetuning -> evaluation -> summaries) and show the results.", False),
     "registry": ("hibert.registry_cli:run", "List or show encoders registered in the MLflow model registry.", False),
 }
 

@@ -283,7 +283,7 @@ def test_stages_that_would_race_inside_one_chain_are_refused(env, capsys):
 
 
 def test_local_demo_uses_a_chain_only_with_a_shared_store(env, monkeypatch):
-    from hibert.demo import chain_overrides
+    from slurm.local import chain_overrides
     from slurm.stages import find_recipe
 
     demo = find_recipe("demo")

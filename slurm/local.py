@@ -1,0 +1,286 @@
+"""`hibert demo` (`make demo`, `python -m hibert.demo`): run a recipe's staged pipeline locally on the shipped
+sample and show the results. It lives with the chain it runs (slurm/stages.py, slurm/chain.py) and reads the
+head registry (finetune/heads.py) and the reports (finetune/base/): every import points down.
+
+The stages are the recipe's `slurm.pipeline` — the same chain `hibert submit` sends to Slurm — run here
+as local subprocesses (training with 2 CPU ranks). A finished stage leaves a marker and is reused on the
+next run unless --fresh; a failure names the stage and its log file.
+
+Encoders pass between stages through registry aliases. In the demo's own store (`<output_dir>/mlflow.db`)
+nothing else registers, so the stages keep the plain aliases (open-domain, in-domain, finetuned). When the
+stages log to a shared store (`tracking.uri`, `$MLFLOW_TRACKING_URI`), the demo is a chain like
+`hibert submit`'s (slurm/chain.py): its stages register and read `<alias>-<chain id>`, and the id is kept
+in `<output_dir>/.stages/chain.json` so that a rerun still reuses finished stages. An init from outside the
+chain is not pinned here: the stages start right away.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from finetune.base.rouge import format_p, paired_bootstrap
+from finetune.heads import head_of_export, registered_heads
+from hibert.config import Config, load_config
+from hibert.redact import redact_uri
+from hibert.registry import DEFAULT_DB, client, tracking_uri
+from slurm.chain import TRAINING, ChainError, StageInput, dependency_closure, link, new_chain_id, store_uri
+from slurm.stages import default_pipeline, find_recipe
+
+LOCAL_SKIP = {"prep-merge"}    # a local `hibert prep` (no --num-shards) already merges
+
+
+def stage_key(argv: list[str]) -> str:
+    return hashlib.sha256(json.dumps(argv).encode()).hexdigest()[:16]
+
+
+def chain_overrides(root: Path, recipe: Path, pipeline: list, extra: list[str],
+                    run_name: str) -> dict[str, list[str]]:
+    """Per stage, the overrides that make the hand-offs per-chain; none while every training stage logs to
+    the demo's own store."""
+    inputs = [StageInput(st, load_config(recipe if st.recipe is None else st.recipe, [*extra, *st.overrides]))
+              for st in pipeline]
+    own = f"sqlite:///{root.resolve() / DEFAULT_DB}"
+    shared = sorted({store_uri(i.cfg) for i in inputs if i.stage.command in TRAINING} - {own})
+    if not shared:
+        return {}
+    marker = root / ".stages" / "chain.json"
+    chain_id = json.loads(marker.read_text())["chain_id"] if marker.is_file() else None
+    if chain_id is None:
+        chain_id = new_chain_id(run_name)
+        marker.write_text(json.dumps({"chain_id": chain_id}))
+    print(f"[demo] shared tracking store {', '.join(redact_uri(u) for u in shared)}: chain {chain_id} "
+          f"(aliases <alias>-{chain_id})", flush=True)
+    try:
+        links = link(inputs, chain_id, {st.name for st in pipeline}, continuing=False)
+    except ChainError as e:
+        raise SystemExit(f"[demo] {e}") from None
+    return {name: ln.overrides for name, ln in links.items()}
+
+
+def run_stages(cfg: Config, recipe: Path, nproc: int, fresh: bool, extra: list[str],
+               only: list[str] | None = None) -> list[dict]:
+    """Run the pipeline's stages in order; `only`: just these and the stages they need (transitively)."""
+
+    root = Path(cfg.run.output_dir)
+    if fresh and root.exists():
+        shutil.rmtree(root)
+    (root / "logs").mkdir(parents=True, exist_ok=True)
+    (root / ".stages").mkdir(parents=True, exist_ok=True)
+    pipeline = cfg.slurm.pipeline or default_pipeline(cfg)
+    chain = chain_overrides(root, recipe, pipeline, extra, cfg.run.name)
+    wanted = None
+    if only:
+        closure = dependency_closure(pipeline)
+        unknown = sorted(set(only) - set(closure))
+        if unknown:
+            raise SystemExit(f"[demo] no stage {', '.join(unknown)} in {recipe}; stages: {', '.join(closure)}")
+        wanted = set(only).union(*(closure[name] for name in only))
+    rows = []
+    for st in pipeline:
+        if st.command in LOCAL_SKIP or (wanted is not None and st.name not in wanted):
+            continue
+        stage_recipe = recipe if st.recipe is None else st.recipe
+        argv = [sys.executable, "-m", "hibert.cli", st.command, str(stage_recipe), *extra, *st.overrides,
+                *chain.get(st.name, [])]
+        if st.command in ("pretrain", "finetune") and nproc > 1:
+            argv += ["--nproc", str(nproc)]
+        marker = root / ".stages" / f"{st.name}.json"
+        log = root / "logs" / f"{st.name}.log"
+        if marker.is_file() and json.loads(marker.read_text()).get("key") == stage_key(argv):
+            rows.append({"stage": st.name, "seconds": json.loads(marker.read_text())["seconds"], "reused": True})
+            print(f"[demo] {st.name:<14} reused (finished earlier; --fresh to redo)", flush=True)
+            continue
+        print(f"[demo] {st.name:<14} running: hibert {st.command} ... (log: {log})", flush=True)
+        t0 = time.time()
+        with open(log, "a") as f:
+            f.write(f"\n$ {' '.join(argv)}\n")
+            f.flush()
+            code = subprocess.call(argv, stdout=f, stderr=subprocess.STDOUT)
+        dt = time.time() - t0
+        if code != 0:
+            tail = log.read_text(errors="replace").splitlines()[-15:]
+            print("\n".join("    " + line for line in tail))
+            raise SystemExit(f"[demo] stage {st.name!r} failed (exit {code}) after {dt:.0f}s; full log: {log}")
+        marker.write_text(json.dumps({"key": stage_key(argv), "seconds": dt}))
+        rows.append({"stage": st.name, "seconds": dt, "reused": False})
+        print(f"[demo] {st.name:<14} done in {dt:.0f}s", flush=True)
+    return rows
+
+
+def plot_losses(cfg: Config, out: Path) -> Path | None:
+    """Training/validation loss curves of every training run in the demo's MLflow store."""
+    import matplotlib  # here, not at the top: the backend must be chosen before pyplot is imported
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+
+    c = client(tracking_uri(cfg.tracking.uri, cfg.run.output_dir))
+    exp = c.get_experiment_by_name(cfg.tracking.experiment)
+    if exp is None:
+        return None
+    runs = c.search_runs([exp.experiment_id], filter_string="tags.task != ''")
+    # one row of plots per task: their losses (masked-sentence NLL, sentence labels, summary NLL, ranking) live
+    # on different scales
+
+    titles = {"masked_sentence": "pretraining", **{name: h.title for name, h in registered_heads().items()}}
+    present = {r.data.tags.get("task") for r in runs}
+    tasks = [t for t in titles if t in present] or ["masked_sentence"]
+    fig, axes = plt.subplots(len(tasks), 2, figsize=(10, 3.25 * len(tasks)), squeeze=False)
+    rows = {t: (i, titles[t]) for i, t in enumerate(tasks)}
+    for run in sorted(runs, key=lambda r: r.info.start_time):
+        row, _ = rows.get(run.data.tags.get("task", ""), (None, ""))
+        if row is None:
+            continue
+        for ax, key in zip(axes[row], ("train_loss", "valid_loss")):
+            hist = sorted(c.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
+            if hist:
+                ax.plot([m.step for m in hist], [m.value for m in hist],
+                        marker="." if key == "valid_loss" else None, label=run.info.run_name)
+    for row, title in rows.values():
+        for ax, kind in zip(axes[row], ("training loss", "validation loss")):
+            ax.set_title(f"{title}: {kind}")
+            ax.set_xlabel("step")
+            if ax.lines:
+                ax.legend(fontsize=7)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def print_results(reports: list[dict], names: list[str]) -> None:
+    """One table per dataset: every finetuned model on it, then Lead-3 and the oracle (the same documents
+    in every report of a dataset)."""
+    groups: dict[tuple[str, str], list[tuple[str, dict]]] = {}
+    for name, rep in zip(names, reports):
+        if "recall" in rep:  # a unit-ranking report: ROUGE-L recall of the top L' units, not summaries
+            print(f"\n== {name}: ROUGE-L recall of the top L' units ({rep['meta'].get('clusters')} clusters) ==")
+            for ranking, by_cut in rep["recall"].items():
+                print(f"  {ranking:<15}" + "  ".join(f"L'={c} {v['mean']:5.2f}" for c, v in by_cut.items()))
+            d = rep["paired"]["ranker-tfidf"]["5"]
+            print(f"  ranker - tfidf at L'=5: {d['diff']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}] p={d['p_value']:.3g}")
+    reports, names = [r for r in reports if "scores" in r], [n for n, r in zip(names, reports) if "scores" in r]
+    for name, rep in zip(names, reports):  # one table per dataset and head (extractive, abstractive)
+        key = (rep["meta"].get("dataset_manifest", "?"), rep["meta"].get("task", "extractive"))
+        groups.setdefault(key, []).append((name, rep))
+    for members in groups.values():
+        first = members[0][1]
+        rows: list[tuple[str, dict]] = []
+        for name, rep in members:
+            init = rep["meta"].get("encoder_init") or "random init"
+            rows.append((f"{name} ({init.replace('models:/', '')})", rep["scores"]["model"]))
+        for system in ("lead3", "oracle"):
+            if system in first["scores"]:
+                rows.append((system, first["scores"][system]))
+        where = first["meta"].get("dataset") or f"dataset {first['meta'].get('dataset_manifest', '?')}"
+        print(f"\n== {first['meta'].get('task', 'extractive')}: ROUGE F1 on {first['num_documents']} held-out "
+              f"{first['meta'].get('split', 'test')} documents of {where} (rouge-score, 95% CI) ==")
+        width = max(len(r[0]) for r in rows)
+        for label, sc in rows:
+            cells = "  ".join(f"{m.replace('_f', '')} {sc[m]['mean']:5.2f} [{sc[m]['low']:5.2f},{sc[m]['high']:5.2f}]"
+                              for m in ("rouge1_f", "rouge2_f", "rougeL_f"))
+            print(f"  {label:<{width}}  {cells}")
+        print_paired(members)
+        if first["meta"].get("task") == "abstractive":
+            for name, rep in members:
+                st = rep.get("abstractiveness", {}).get("model")
+                if st:
+                    print(f"  {name}: novel 1/2/3-grams {st['novel_1gram']:.1f}/{st['novel_2gram']:.1f}/"
+                          f"{st['novel_3gram']:.1f}%, repeated 3-grams {st['repeated_3gram']:.1f}%, "
+                          f"{st['mean_words']:.1f} words")
+
+
+def print_paired(members: list[tuple[str, dict]]) -> None:
+    """Each encoder-initialized model against the random-init one, paired over the same documents."""
+    base = next(((n, r) for n, r in members if not r["meta"].get("encoder_init")), None)
+    if base is None or "per_document" not in base[1]:
+        return
+    base_docs = base[1]["per_document"]
+    for name, rep in members:
+        docs = rep.get("per_document")
+        if rep is base[1] or not docs or docs.get("doc_ids") != base_docs.get("doc_ids"):
+            continue
+        cells = []
+        for m in ("rouge1_f", "rouge2_f", "rougeL_f"):
+            d = paired_bootstrap(docs["model"][m], base_docs["model"][m])
+            cells.append(f"{m.replace('_f', '')} {d['diff']:+5.2f} [{d['low']:+5.2f},{d['high']:+5.2f}] "
+                         + format_p(d["p_value"], d["resamples"]))
+        print(f"  {name} - {base[0]} (paired bootstrap):  " + "  ".join(cells))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recipe", nargs="?", default="demo", help="recipe with a slurm.pipeline (default: demo)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides applied to every stage")
+    p.add_argument("--fresh", action="store_true", help="start from nothing instead of reusing finished stages")
+    p.add_argument("--nproc", type=int, default=2, help="local ranks for training stages")
+    p.add_argument("--stages", default=None, metavar="A,B",
+                   help="comma-separated stage names: run only these and the stages they wait for "
+                        "(finished ones are reused); default: the whole pipeline")
+    p.add_argument("--article", default="samples/cnndm_test_sample.jsonl",
+                   help="held-back articles; the first one is summarized at the end")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="hibert demo", description=__doc__)
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    if "=" in args.recipe:  # `hibert demo key=value`: an override, not a recipe
+        args.overrides, args.recipe = [args.recipe, *args.overrides], "demo"
+    recipe = find_recipe(args.recipe)
+    cfg = load_config(recipe, args.overrides)
+    t0 = time.time()
+    only = [name.strip() for name in args.stages.split(",") if name.strip()] if args.stages else None
+    rows = run_stages(cfg, recipe, args.nproc, args.fresh, args.overrides, only)
+    root = Path(cfg.run.output_dir)
+
+    print("\n== stages ==")
+    for r in rows:
+        print(f"  {r['stage']:<14} {r['seconds']:7.1f}s{'  (reused)' if r['reused'] else ''}")
+    print(f"  {'total':<14} {time.time() - t0:7.1f}s (this invocation)")
+
+    reports = sorted(root.glob("*/report-test/report.json"))
+    if reports:
+        print_results([json.loads(r.read_text()) for r in reports], [r.parent.parent.name for r in reports])
+    curves = plot_losses(cfg, root / "report" / "loss_curves.png")
+
+    article = Path(args.article)
+
+    finetuned = sorted(p.parent for p in root.glob("*finetune*/export/export.json") if "random" not in p.parts[-3])
+    for kind, head in registered_heads().items():  # the last finetuned export of each head that summarizes text
+        exports = [e for e in finetuned if head_of_export(e).name == kind]
+        if exports and article.is_file() and head.summarizer is not None and head.reads == "documents":
+            print(f"\n== {kind} summary of a held-back article ({article}, first record; {exports[-1]}) ==")
+            out = subprocess.run([sys.executable, "-m", "hibert.cli", "summarize", str(recipe), *args.overrides,
+                                  "--model", str(exports[-1]), "--input", str(article), "--field", "article",
+                                  "--limit", "1"], capture_output=True, text=True)
+            print(out.stdout.strip() or out.stderr.strip()[-2000:])
+
+    print("\n== where to look ==")
+    for r in reports:
+        print(f"  report:       {r.with_suffix('.md')}  (chart: {r.parent / 'rouge.png'})")
+    if curves:
+        print(f"  loss curves:  {curves}")
+
+    uri = tracking_uri(cfg.tracking.uri, root, create=False)
+    if uri != f"sqlite:///{(root / 'mlflow.db').resolve()}":  # a shared store: the chain's aliases are there
+        print(f"  registry:     {redact_uri(uri)}  (hibert registry list)")
+        return 0
+    print(f"  registry:     hibert registry list --output-dir {root}")
+    print(f"  MLflow UI:    .venv/bin/mlflow ui --backend-store-uri sqlite:///{(root / 'mlflow.db').resolve()} "
+          f"--port 5000   (then open http://localhost:5000)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
