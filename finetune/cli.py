@@ -12,7 +12,6 @@ import os
 import sys
 from pathlib import Path
 
-from finetune.base.errors import UserError
 from finetune.base.generation import (
     DecodingFlagError,
     add_generation_arguments,
@@ -24,6 +23,7 @@ from finetune.base.text import InputError, Summary, read_clusters, read_document
 from finetune.heads import EvalOutcome, HeadSpec, get_head, head_of_export
 from hibert.config import Config
 from hibert.config.mds import ranking_kind
+from hibert.errors import UserError
 
 
 def _ranking_arg(value: str) -> str:

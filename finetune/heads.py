@@ -23,7 +23,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from finetune.base.errors import UserError
+from hibert.errors import UserError
 
 # the built-in heads, in the order an export without export.json is matched against their files
 BUILTIN = ("finetune.extractive.head", "finetune.abstractive.head", "finetune.ranker.head", "finetune.mds.head")

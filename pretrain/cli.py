@@ -1,10 +1,15 @@
-"""`hibert pretrain`: masked-sentence pretraining, one stage per invocation."""
+"""`hibert pretrain`: masked-sentence pretraining, one stage per invocation.
+
+The task and the runtime are imported in the handlers: they bring torch and DeepSpeed (~2.5 s), which
+`hibert --help` (it builds this command's parser) should not pay."""
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from hibert.config import Config
+from hibert.errors import UserError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,6 +42,10 @@ def train(cfg: Config) -> int:
     from pretrain.masked_sentence import MaskedSentenceTask
     from hibert.runtime.run import prepare_run, run_task
 
-    inputs = prepare_run(cfg)
+    try:
+        inputs = prepare_run(cfg)
+    except UserError as e:  # e.g. an init encoder of another size or tokenizer: one line, before any training
+        print(e, file=sys.stderr)
+        return 1
     task = MaskedSentenceTask(cfg, inputs.vocab_size, init_state=inputs.init.state if inputs.init else None)
     return run_task(cfg, inputs, task, "pretrain")

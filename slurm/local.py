@@ -27,6 +27,7 @@ from pathlib import Path
 from finetune.base.rouge import format_p, paired_bootstrap
 from finetune.heads import head_of_export, registered_heads
 from hibert.config import Config, load_config
+from hibert.errors import UserError
 from hibert.redact import redact_uri
 from hibert.registry import DEFAULT_DB, client, tracking_uri
 from slurm.chain import TRAINING, ChainError, StageInput, dependency_closure, link, new_chain_id, store_uri
@@ -59,7 +60,7 @@ def chain_overrides(root: Path, recipe: Path, pipeline: list, extra: list[str],
     try:
         links = link(inputs, chain_id, {st.name for st in pipeline}, continuing=False)
     except ChainError as e:
-        raise SystemExit(f"[demo] {e}") from None
+        raise UserError(f"[demo] {e}") from None
     return {name: ln.overrides for name, ln in links.items()}
 
 
@@ -79,7 +80,7 @@ def run_stages(cfg: Config, recipe: Path, nproc: int, fresh: bool, extra: list[s
         closure = dependency_closure(pipeline)
         unknown = sorted(set(only) - set(closure))
         if unknown:
-            raise SystemExit(f"[demo] no stage {', '.join(unknown)} in {recipe}; stages: {', '.join(closure)}")
+            raise UserError(f"[demo] no stage {', '.join(unknown)} in {recipe}; stages: {', '.join(closure)}")
         wanted = set(only).union(*(closure[name] for name in only))
     rows = []
     for st in pipeline:
@@ -106,7 +107,7 @@ def run_stages(cfg: Config, recipe: Path, nproc: int, fresh: bool, extra: list[s
         if code != 0:
             tail = log.read_text(errors="replace").splitlines()[-15:]
             print("\n".join("    " + line for line in tail))
-            raise SystemExit(f"[demo] stage {st.name!r} failed (exit {code}) after {dt:.0f}s; full log: {log}")
+            raise UserError(f"[demo] stage {st.name!r} failed (exit {code}) after {dt:.0f}s; full log: {log}")
         marker.write_text(json.dumps({"key": stage_key(argv), "seconds": dt}))
         rows.append({"stage": st.name, "seconds": dt, "reused": False})
         print(f"[demo] {st.name:<14} done in {dt:.0f}s", flush=True)
@@ -235,6 +236,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except UserError as e:
+        print(e, file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
     if "=" in args.recipe:  # `hibert demo key=value`: an override, not a recipe
         args.overrides, args.recipe = [args.recipe, *args.overrides], "demo"
     recipe = find_recipe(args.recipe)

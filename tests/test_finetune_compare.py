@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from finetune.base.errors import UserError
+from hibert.errors import UserError
 from finetune.compare import compare
 from hibert.cli import main
 

@@ -27,7 +27,6 @@ from finetune.base.clusters import (
     tfidf_extract,
 )
 from finetune.base.decoding import Decoder
-from finetune.base.errors import UserError
 from finetune.base.evaluation import SummaryEvaluation
 from finetune.base.generation import generation_from_args
 from finetune.base.report import (
@@ -38,6 +37,7 @@ from finetune.base.settings import EvalSettings
 from finetune.ranker.ranking import ranked_view
 from hibert.config import Config
 from hibert.config.mds import MDSConfig
+from hibert.errors import UserError
 from hibert.redact import redact_uri
 
 log = logging.getLogger("hibert.evaluate")

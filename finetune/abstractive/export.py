@@ -3,7 +3,6 @@ loader (single process, no DeepSpeed); the decoding settings of an export read w
 that flags that cannot work fail before the model loads."""
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import torch
 
 from finetune.base.exports import load_head_export, read_json, validated
 from finetune.base.generation import generation_from_args
+from finetune.base.settings import DecodingFlags
 from hibert.config.abstractive import DecoderConfig, GenerationConfig
 from modeling.abstractive import HibertAbstractive
 
@@ -50,7 +50,7 @@ def decoder_max_positions(export_dir: Path) -> int:
     return validated(DecoderConfig, settings["decoder"], path).max_positions
 
 
-def generation_for_export(export_dir: Path, args: argparse.Namespace):
+def generation_for_export(export_dir: Path, args: DecodingFlags) -> GenerationConfig:
     """`generation_from_args` for an abstractive (or mds) export, read from its generation.json and
     abstractive.json without loading any weights: decoding flags that cannot work fail before the model
     loads."""

@@ -24,12 +24,12 @@ from finetune.abstractive.export import (
     GENERATION_CONFIG,
 )
 from finetune.base.decoding import Decoder
-from finetune.base.errors import UserError
 from finetune.base.rouge import Rouge
 from finetune.base.task import EncoderHead, encoder_and_head_groups
 from finetune.ranker.ranking import trained_mds_settings
 from hibert.config import Config
 from hibert.config.model import ModelConfig
+from hibert.errors import UserError
 from hibert.runtime.export import gather_fp32_state_dict, load_encoder
 from hibert.runtime.task import LoaderItem, ParamGroup, TokenNLLTask
 from modeling import flops_per_batch

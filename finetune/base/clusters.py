@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from finetune.base.views import RowView
-from hibert.config.mds import BUILTIN_RANKINGS
-from hibert.tokens import SEP_ID  # noqa: F401  (re-exported for the tasks' targets)
 from hibert import tfidf
+from hibert.config.mds import BUILTIN_RANKINGS
 from hibert.tfidf import unit_graph
+from hibert.tokens import SEP_ID  # noqa: F401  (re-exported for the tasks' targets)
 
 if TYPE_CHECKING:
     pass

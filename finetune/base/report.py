@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from finetune.base.errors import UserError
 from finetune.base.rouge import Rouge, format_p, paired_bootstrap, summarize_scores
 from finetune.base.selection import lead, oracle_from_labels
+from hibert.errors import UserError
 
 log = logging.getLogger("hibert.evaluate")
 HEADLINE = ("rouge1_f", "rouge2_f", "rougeL_f", "rougeLsum_f")

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 
 from data_prep import DocumentDataset
-from finetune.base.errors import UserError
 from finetune.base.evaluation import SummaryEvaluation
 from finetune.base.report import (
     Document,
@@ -20,6 +19,7 @@ from finetune.base.report import (
 from finetune.base.rouge import Rouge
 from finetune.base.selection import select
 from finetune.extractive.export import load_extractive, score_split
+from hibert.errors import UserError
 from hibert.redact import redact_uri
 
 log = logging.getLogger("hibert.evaluate")

@@ -2,7 +2,6 @@
 and the label oracle (Liu & Lapata's Table 1), with paired bootstrap. Reports on synthetic clusters say so."""
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from pathlib import Path
@@ -13,16 +12,18 @@ import torch
 
 from data_prep import DocumentDataset
 from finetune.base.clusters import all_units_view, data_note, rank_order, tfidf_scores
-from finetune.base.errors import UserError
 from finetune.base.rouge import bootstrap_ci, format_p, paired_bootstrap
+from finetune.base.settings import EvalSettings
 from finetune.ranker.export import load_ranker, score_clusters
 from finetune.ranker.metrics import CUTOFFS, ranking_table
+from hibert.config import Config
+from hibert.errors import UserError
 from hibert.redact import redact_uri
 
 log = logging.getLogger("hibert.evaluate")
 
 
-def evaluate_ranker(cfg, args: argparse.Namespace, local: Path, ref: str) -> dict[str, Any]:
+def evaluate_ranker(cfg: Config, args: EvalSettings, local: Path, ref: str) -> dict[str, Any]:
     """ROUGE-L recall of the top L' units: the learned ranker vs tf-idf, document order and the oracle."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, meta = load_ranker(local, device)

@@ -21,6 +21,7 @@ from typing import Any
 
 from hibert.config import Config, save_resolved
 from hibert.config.model import ModelConfig
+from hibert.errors import UserError
 from hibert.logs import setup_logging
 from hibert.runtime.task import LoaderItem, ParamGroup, Task
 
@@ -122,7 +123,7 @@ def prepare_run(cfg: Config, check_init: bool = True) -> RunInputs:
         try:
             check_init_compatible(cfg, init, train_data.tokenizer_path)
         except ValueError as e:  # a configuration error, not a crash: one line, before any training
-            raise SystemExit(f"hibert: {e}") from None
+            raise UserError(f"hibert: {e}") from None
     return RunInputs(rt, train_data, valid_data, init, vocab_size(train_data.tokenizer_path))
 
 
