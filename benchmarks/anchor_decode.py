@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hibert.tokens import BOS_ID, EOS_ID
-from modeling.abstractive import QueryLayout, _sdpa, source_memory
-from modeling.packing import PackedDocuments
+from hibert.modeling.abstractive import QueryLayout, _sdpa, source_memory
+from hibert.modeling.packing import PackedDocuments
 
 
 class ConcatCache:

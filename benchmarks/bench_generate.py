@@ -45,10 +45,10 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from hibert.config.abstractive import DecoderConfig, GenerationConfig  # noqa: E402
 from hibert.config.model import ModelConfig  # noqa: E402
-from modeling.abstractive import HibertAbstractive  # noqa: E402
+from hibert.modeling.abstractive import HibertAbstractive  # noqa: E402
 from anchor_decode import anchor_generate  # noqa: E402
-from modeling.generate import NEVER_GENERATED, generate  # noqa: E402
-from modeling.packing import pack_documents  # noqa: E402
+from hibert.modeling.generate import NEVER_GENERATED, generate  # noqa: E402
+from hibert.modeling.packing import pack_documents  # noqa: E402
 from workload import machine  # noqa: E402
 
 SIZES = {"small": dict(hidden=256, heads=4, layers=6), "hibert_m": dict(hidden=768, heads=12, layers=6)}

@@ -54,7 +54,7 @@ def gpu_rate() -> dict:
 
 def load_data(args: argparse.Namespace):
     if args.dataset:
-        from data_prep.dataset import DocumentDataset
+        from hibert.data_prep.dataset import DocumentDataset
 
         return DocumentDataset(args.dataset, "train"), f"prepared dataset {args.dataset} (train)"
     return LengthsDataset(cnndm_lengths(limit=args.docs), vocab=32000), "CNN/DM lengths, random ids (in memory)"
@@ -71,8 +71,8 @@ def time_make_item(task, data, batches: list[np.ndarray]) -> dict:
 def time_per_document(task, data, batches: list[np.ndarray]) -> dict:
     """The reference collate: mask_document on each document's sentence arrays, then make_pretrain_batch
     (the same batches as make_item, built one sentence array at a time)."""
-    from modeling import make_pretrain_batch
-    from pretrain.objective import mask_document, other_document_sentence
+    from hibert.modeling import make_pretrain_batch
+    from hibert.pretrain.objective import mask_document, other_document_sentence
 
     t0 = time.perf_counter()
     tokens = 0
@@ -122,7 +122,7 @@ def main() -> None:
 
     from hibert.config import load_config
     from hibert.runtime.batching import doc_costs, plan_epoch
-    from pretrain.masked_sentence import MaskedSentenceTask
+    from hibert.pretrain.masked_sentence import MaskedSentenceTask
 
     torch.set_num_threads(1)
     data, what = load_data(args)

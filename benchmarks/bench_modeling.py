@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))  # runnable from a plain checkout, installed or no
 
 from hibert.config import load_config
 from hibert.tokens import MASK_ID
-from modeling import (HibertForPretraining, PretrainBatch, count_parameters, flops_per_batch,
+from hibert.modeling import (HibertForPretraining, PretrainBatch, count_parameters, flops_per_batch,
                       make_padded_pretrain_batch, make_pretrain_batch)
 
 DEFAULT_DATA = [REPO.parent / "shared/data/in_domain/cnndm_train.jsonl", REPO / "samples/cnndm_train_sample.jsonl"]

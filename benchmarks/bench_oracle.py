@@ -27,11 +27,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from data_prep.oracle import RougeTokenizer, oracle_labels  # noqa: E402
-from data_prep.oracle_reference import greedy_presumm, greedy_rouge_score, set_score  # noqa: E402
-from data_prep.ptb import detokenize, split_sentences  # noqa: E402
-from data_prep.records import split_paragraphs  # noqa: E402
-from data_prep.summaries import split_glued  # noqa: E402
+from hibert.data_prep.oracle import RougeTokenizer, oracle_labels  # noqa: E402
+from hibert.data_prep.oracle_reference import greedy_presumm, greedy_rouge_score, set_score  # noqa: E402
+from hibert.data_prep.ptb import detokenize, split_sentences  # noqa: E402
+from hibert.data_prep.records import split_paragraphs  # noqa: E402
+from hibert.data_prep.summaries import split_glued  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "data"
 
@@ -47,7 +47,7 @@ def load_cnndm(path: Path) -> list[tuple[list[str], list[str]]]:
 
 
 def load_bbc(path: Path) -> list[tuple[list[str], list[str]]]:
-    from data_prep.segment import make_segmenter
+    from hibert.data_prep.segment import make_segmenter
     from hibert.config.data import SegmenterConfig
 
     seg = make_segmenter(SegmenterConfig())

@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from data_prep import prepare  # noqa: E402
+from hibert.data_prep import prepare  # noqa: E402
 from hibert.config.data import DataConfig, SourceConfig, TokenizerConfig  # noqa: E402
 
 GIGA_CM_WORDS = 2.85e9
@@ -76,7 +76,7 @@ def run_pair(recipe: Path, work: Path) -> dict:
 
 def kept_words(dataset: Path) -> int:
     """Whitespace words of the documents the dataset kept (its sentence texts hold every word once)."""
-    from data_prep import DocumentDataset
+    from hibert.data_prep import DocumentDataset
 
     n = 0
     for split in ("train", "valid", "test"):

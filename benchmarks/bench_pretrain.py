@@ -37,7 +37,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from hibert.config import load_config
     from hibert.runtime.engine import init_distributed
-    from pretrain.masked_sentence import MaskedSentenceTask
+    from hibert.pretrain.masked_sentence import MaskedSentenceTask
     from hibert.runtime.memory import rank_state_bytes
     from hibert.runtime.trainer import Trainer
     from workload import LengthsDataset, cnndm_lengths
@@ -55,7 +55,7 @@ def worker(args: argparse.Namespace) -> None:
     rt = init_distributed(cfg)
     logging.basicConfig(level=logging.WARNING)
     if args.dataset:  # a prepared dataset through the real shards
-        from data_prep.dataset import DocumentDataset
+        from hibert.data_prep.dataset import DocumentDataset
 
         data = DocumentDataset(args.dataset, "train")
     else:

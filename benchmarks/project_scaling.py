@@ -87,7 +87,7 @@ def main() -> None:
     args = p.parse_args()
 
     from hibert.config import load_config
-    from modeling.accounting import count_parameters
+    from hibert.modeling.accounting import count_parameters
 
     path = Path(args.measured) if args.measured else next(
         (q for q in (HERE / "results" / "bench_pretrain_cuda.json", HERE / "results" / "bench_modeling_cuda.json")

@@ -2,13 +2,13 @@
 
 `DocumentDataset(dataset_dir, split)` is the read side; `prepare(cfg.data, ...)` (or `hibert prep`) builds it.
 """
-from data_prep.dataset import DocumentDataset
+from hibert.data_prep.dataset import DocumentDataset
 
 __all__ = ["DocumentDataset", "prepare"]
 
 
 def prepare(*args, **kwargs):
     """See data_prep.pipeline.prepare (imported lazily: the read side stays light)."""
-    from data_prep.pipeline import prepare as _prepare
+    from hibert.data_prep.pipeline import prepare as _prepare
 
     return _prepare(*args, **kwargs)

@@ -6,10 +6,10 @@ import logging
 import sys
 from typing import Any
 
-from data_prep.merge import MissingShards
-from data_prep.plan import PlanMismatch
-from data_prep.segment import SegmenterUnavailable
-from data_prep.workers import WorkerDied
+from hibert.data_prep.merge import MissingShards
+from hibert.data_prep.plan import PlanMismatch
+from hibert.data_prep.segment import SegmenterUnavailable
+from hibert.data_prep.workers import WorkerDied
 
 log = logging.getLogger("data_prep")
 
@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(cfg: Any, args: argparse.Namespace) -> int:
-    from data_prep.pipeline import prepare
+    from hibert.data_prep.pipeline import prepare
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

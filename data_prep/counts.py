@@ -5,7 +5,7 @@ import logging
 from collections import Counter
 from typing import Any
 
-from data_prep.records import Skip
+from hibert.data_prep.records import Skip
 
 log = logging.getLogger("data_prep")
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.shards import SPLITS, ShardPart, load_array, shard_name
+from hibert.data_prep.shards import SPLITS, ShardPart, load_array, shard_name
 
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.model"

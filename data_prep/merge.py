@@ -18,13 +18,12 @@ from typing import Any
 import numpy as np
 
 from hibert.config.data import DataConfig
-
-from data_prep.counts import add_up
-from data_prep.dataset import MANIFEST
-from data_prep.plan import write_json
-from data_prep.process import SHARDS_DIR, shard_marker
-from data_prep.segment import segmenter_info
-from data_prep.shards import SPLITS, ShardPart, shard_name
+from hibert.data_prep.counts import add_up
+from hibert.data_prep.dataset import MANIFEST
+from hibert.data_prep.plan import write_json
+from hibert.data_prep.process import SHARDS_DIR, shard_marker
+from hibert.data_prep.segment import segmenter_info
+from hibert.data_prep.shards import SPLITS, ShardPart, shard_name
 
 FORMAT_VERSION = 1
 

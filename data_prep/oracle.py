@@ -38,7 +38,7 @@ class RougeTokenizer:
     max_cache = 2_000_000
 
     def __init__(self) -> None:
-        from data_prep.porter import make_stemmer
+        from hibert.data_prep.porter import make_stemmer
 
         self._stem = make_stemmer()  # nltk's PorterStemmer().stem (what rouge-score uses), or its exact fast twin
         self._ids: dict[bytes, int] = {_SEP: -2}  # raw lower-case token -> id of its stem (-1: dropped)

@@ -15,17 +15,16 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from hibert.config.data import DataConfig
-
-from data_prep import plan as planning
-from data_prep import readers
-from data_prep import records as R
-from data_prep import tokenizer as tok
-from data_prep.merge import merge
-from data_prep.process import SHARDS_DIR, Sentencizer, ShardProcessor, assign_split, shard_done, shard_marker
-from data_prep.progress import ProgressBar, QueueListener
-from data_prep.segment import check_available
-from data_prep.shards import SPLITS
-from data_prep.workers import WorkerPool
+from hibert.data_prep import plan as planning
+from hibert.data_prep import readers
+from hibert.data_prep import records as R
+from hibert.data_prep import tokenizer as tok
+from hibert.data_prep.merge import merge
+from hibert.data_prep.process import SHARDS_DIR, Sentencizer, ShardProcessor, assign_split, shard_done, shard_marker
+from hibert.data_prep.progress import ProgressBar, QueueListener
+from hibert.data_prep.segment import check_available
+from hibert.data_prep.shards import SPLITS
+from hibert.data_prep.workers import WorkerPool
 
 log = logging.getLogger("data_prep")
 TOKENIZER_INFO = "tokenizer.json"

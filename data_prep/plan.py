@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from hibert.config.data import DataConfig
-
-from data_prep import readers
-from data_prep.segment import segmenter_info
+from hibert.data_prep import readers
+from hibert.data_prep.segment import segmenter_info
 
 PLAN = "plan.json"
 VERSION = 1

@@ -16,16 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from hibert.config.data import DataConfig
-
-from data_prep import ptb, readers
-from data_prep import records as R
-from data_prep import tokenizer as tok
-from data_prep.counts import Counts
-from data_prep.oracle import RougeTokenizer, oracle_labels
-from data_prep.plan import write_json
-from data_prep.segment import Segmenter, Sentence, make_segmenter
-from data_prep.shards import SPLITS, SplitWriter, replace_dir, shard_name
-from data_prep.units import rouge2_recall, windows
+from hibert.data_prep import ptb, readers
+from hibert.data_prep import records as R
+from hibert.data_prep import tokenizer as tok
+from hibert.data_prep.counts import Counts
+from hibert.data_prep.oracle import RougeTokenizer, oracle_labels
+from hibert.data_prep.plan import write_json
+from hibert.data_prep.segment import Segmenter, Sentence, make_segmenter
+from hibert.data_prep.shards import SPLITS, SplitWriter, replace_dir, shard_name
+from hibert.data_prep.units import rouge2_recall, windows
 
 SHARDS_DIR = "shards"
 Progress = Callable[[int, int], None]     # (documents read, words) since the last call

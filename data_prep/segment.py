@@ -88,7 +88,7 @@ def direct_fast_path(cfg: SegmenterConfig) -> bool:
 
 def _spacy_language() -> Any:
     """What stanza's spaCy variant builds: spaCy's English tokenizer rules plus the rule-based sentencizer."""
-    from data_prep.spacy_light import English
+    from hibert.data_prep.spacy_light import English
 
     nlp = English()
     nlp.add_pipe("sentencizer")
@@ -105,7 +105,7 @@ def built_by(cfg: SegmenterConfig) -> str:
 
 def preload_modules(cfg: SegmenterConfig) -> list[str]:
     """The heavy modules a worker process should import before it forks (what its segmenter will load)."""
-    return ["data_prep.spacy_light"] if direct_fast_path(cfg) else ["stanza", "spacy"]
+    return ["hibert.data_prep.spacy_light"] if direct_fast_path(cfg) else ["stanza", "spacy"]
 
 
 class SpacySegmenter(Segmenter):

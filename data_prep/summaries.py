@@ -4,8 +4,7 @@ from __future__ import annotations
 import re
 
 from hibert.config.data import SourceConfig
-
-from data_prep.records import split_paragraphs
+from hibert.data_prep.records import split_paragraphs
 
 # Where a glued boundary may be: after a full stop (".The", '."The') or any other non-space character
 # directly followed by an upper-case letter or a quote ("1.3%The", "RendezvousDirected", "staff,Vibe" —

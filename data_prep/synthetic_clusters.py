@@ -13,7 +13,7 @@ L2-normalised), as a scipy sparse matrix; the
 neighbour search multiplies blocks of 2,048 rows by the transposed matrix (work ~ nnz per row x rows sharing
 terms, memory one dense block row at a time) and keeps the top m by argpartition.
 
-    python -m data_prep.synthetic_clusters --input cnndm_train.jsonl --output clusters.jsonl \\
+    python -m hibert.data_prep.synthetic_clusters --input cnndm_train.jsonl --output clusters.jsonl \\
         --text-field article --summary-field highlights --id-field idx --split-field split --neighbours 3
 """
 from __future__ import annotations
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_prep.synthetic_clusters", description=DESCRIPTION)
+    p = argparse.ArgumentParser(prog="python -m hibert.data_prep.synthetic_clusters", description=DESCRIPTION)
     add_arguments(p)
     return run(p.parse_args(argv))
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from data_prep.oracle import RougeTokenizer
+from hibert.data_prep.oracle import RougeTokenizer
 
 
 def windows(num_sentences: int, max_sentences: int) -> list[tuple[int, int]]:

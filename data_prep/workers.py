@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from hibert.config.data import DataConfig
-
-from data_prep.process import Sentencizer, ShardProcessor
-from data_prep.segment import direct_fast_path, preload_modules
+from hibert.data_prep.process import Sentencizer, ShardProcessor
+from hibert.data_prep.segment import direct_fast_path, preload_modules
 
 _state: dict[str, Any] = {}
 
@@ -68,7 +67,7 @@ class WorkerPool:
         ctx = mp.get_context(self.method)
         if self.method == "forkserver":
             # the fork server imports the heavy modules once; each worker forks from it already warm
-            ctx.set_forkserver_preload(["data_prep.workers", "data_prep.segment", "sentencepiece",
+            ctx.set_forkserver_preload(["hibert.data_prep.workers", "hibert.data_prep.segment", "sentencepiece",
                                         *preload_modules(cfg.segmenter)])
         self.queue = ctx.Queue() if progress else None
         self.pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init,

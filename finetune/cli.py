@@ -12,18 +12,18 @@ import os
 import sys
 from pathlib import Path
 
-from finetune.base.generation import (
+from hibert.config import Config
+from hibert.config.mds import ranking_kind
+from hibert.errors import UserError
+from hibert.finetune.base.generation import (
     DecodingFlagError,
     add_generation_arguments,
     check_generation_flags,
     decoding_from_args,
 )
-from finetune.base.settings import EvalSettings, SummarizeSettings
-from finetune.base.text import InputError, Summary, read_clusters, read_documents
-from finetune.heads import EvalOutcome, HeadSpec, get_head, head_of_export
-from hibert.config import Config
-from hibert.config.mds import ranking_kind
-from hibert.errors import UserError
+from hibert.finetune.base.settings import EvalSettings, SummarizeSettings
+from hibert.finetune.base.text import InputError, Summary, read_clusters, read_documents
+from hibert.finetune.heads import EvalOutcome, HeadSpec, get_head, head_of_export
 
 
 def _ranking_arg(value: str) -> str:
@@ -96,13 +96,13 @@ def _model_ref(cfg: Config, ref: str | None) -> str:
 
 def _check_decoding(head: HeadSpec, local: Path, flags):
     """The decoding flags against the export's own settings (its json files; no weights loaded)."""
-    from finetune.abstractive.export import generation_for_export
+    from hibert.finetune.abstractive.export import generation_for_export
 
     return generation_for_export(local, flags) if head.decodes else None
 
 
 def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
-    from data_prep import DocumentDataset
+    from hibert.data_prep import DocumentDataset
     from hibert.registry import resolve_model, tracking_uri
 
     settings = EvalSettings(decoding=decoding_from_args(args), **{

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from finetune.base.report import HEADLINE, compared_reports
-from finetune.base.rouge import bootstrap_ci, format_p, paired_bootstrap
 from hibert.errors import UserError
+from hibert.finetune.base.report import HEADLINE, compared_reports
+from hibert.finetune.base.rouge import bootstrap_ci, format_p, paired_bootstrap
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -4,7 +4,7 @@
 export.json records), `hibert submit` and the local pipeline runner (registered model names) all ask this
 registry; none of them names a head. A new head is one folder and one call:
 
-    from finetune.heads import HeadSpec, register_head
+    from hibert.finetune.heads import HeadSpec, register_head
     register_head(HeadSpec(name="lead-k", title="lead-k scorer", registered_model="hibert-lead-k", ...))
 
 The built-in heads register themselves in their `head.py`. Heads outside the project register from a module
@@ -26,7 +26,8 @@ from typing import Any
 from hibert.errors import UserError
 
 # the built-in heads, in the order an export without export.json is matched against their files
-BUILTIN = ("finetune.extractive.head", "finetune.abstractive.head", "finetune.ranker.head", "finetune.mds.head")
+BUILTIN = ("hibert.finetune.extractive.head", "hibert.finetune.abstractive.head", "hibert.finetune.ranker.head",
+           "hibert.finetune.mds.head")
 PLUGINS_ENV = "HIBERT_HEADS"
 ENTRY_POINT_GROUP = "hibert.heads"
 

@@ -13,23 +13,23 @@ from hibert.config import ConfigError, dump_yaml, load_config
 
 # name -> (module:function, one-line help, takes a config)
 COMMANDS: dict[str, tuple[str, str, bool]] = {
-    "prep": ("data_prep.cli:run", "Turn raw corpora into segmented, SentencePiece-encoded, memory-mapped shards "
+    "prep": ("hibert.data_prep.cli:run", "Turn raw corpora into segmented, SentencePiece-encoded, memory-mapped shards "
              "with a manifest (stanza segmentation, oracle labels, sharded/resumable).", True),
-    "synth-clusters": ("data_prep.synthetic_clusters:run", "Build SYNTHETIC multi-document clusters (an article + "
+    "synth-clusters": ("hibert.data_prep.synthetic_clusters:run", "Build SYNTHETIC multi-document clusters (an article + "
                        "its tf-idf nearest neighbours of the same split) from a single-document JSONL corpus.", False),
-    "pretrain": ("pretrain.cli:run", "Masked-sentence pretraining of a HIBERT encoder with DeepSpeed ZeRO "
+    "pretrain": ("hibert.pretrain.cli:run", "Masked-sentence pretraining of a HIBERT encoder with DeepSpeed ZeRO "
                  "(open-domain or in-domain stage), checkpointed, resumable, tracked in MLflow.", True),
-    "finetune": ("finetune.cli:run_finetune", "Finetune an encoder from the registry (or a path): extractive, "
+    "finetune": ("hibert.finetune.cli:run_finetune", "Finetune an encoder from the registry (or a path): extractive, "
                  "abstractive, multi-document ranker or summarizer (finetune.task); keeps the best checkpoint.", True),
-    "evaluate": ("finetune.cli:run_evaluate", "ROUGE evaluation with bootstrap confidence intervals next to "
+    "evaluate": ("hibert.finetune.cli:run_evaluate", "ROUGE evaluation with bootstrap confidence intervals next to "
                  "Lead-3 and the oracle; writes a Markdown/JSON report and a chart.", True),
-    "compare": ("finetune.compare:run", "Paired bootstrap between evaluation reports already written (each "
+    "compare": ("hibert.finetune.compare:run", "Paired bootstrap between evaluation reports already written (each "
                 "against the first, over the documents both hold): ROUGE differences with 95-percent CIs and p-values.", False),
-    "summarize": ("finetune.cli:run_summarize", "Summarize raw text (a file, JSONL of documents, or - for stdin) "
+    "summarize": ("hibert.finetune.cli:run_summarize", "Summarize raw text (a file, JSONL of documents, or - for stdin) "
                   "with a finetuned model.", True),
-    "submit": ("slurm.submit:run", "Render sbatch scripts for a recipe and submit the staged chain "
+    "submit": ("hibert.slurm.submit:run", "Render sbatch scripts for a recipe and submit the staged chain "
                "(prep -> merge -> pretrain -> finetune -> evaluate) to Slurm.", True),
-    "demo": ("slurm.local:run", "Run a recipe's staged pipeline locally (default: the demo on the shipped sample: "
+    "demo": ("hibert.slurm.local:run", "Run a recipe's staged pipeline locally (default: the demo on the shipped sample: "
              "prep -> pretraining -> finetuning -> evaluation -> summaries) and show the results.", False),
     "registry": ("hibert.registry_cli:run", "List or show encoders registered in the MLflow model registry.", False),
 }

@@ -28,11 +28,18 @@ from torch.nn.attention import sdpa_kernel
 
 from hibert.config.abstractive import DecoderConfig
 from hibert.config.model import ModelConfig
+from hibert.modeling.encoder import EncoderOutput, HibertEncoder
+from hibert.modeling.layers import (
+    _CUDA_SDPA_BACKENDS,
+    Layout,
+    TransformerLayer,
+    attention,
+    init_weights,
+    sinusoidal_table,
+)
+from hibert.modeling.packing import Document, PackedDocuments, Sentence, TensorBundle, pack_documents, round_up
+from hibert.modeling.pretraining import _decoder_fields, token_losses
 from hibert.tokens import PAD_ID
-from modeling.encoder import EncoderOutput, HibertEncoder
-from modeling.layers import _CUDA_SDPA_BACKENDS, Layout, TransformerLayer, attention, init_weights, sinusoidal_table
-from modeling.packing import Document, PackedDocuments, Sentence, TensorBundle, pack_documents, round_up
-from modeling.pretraining import _decoder_fields, token_losses
 
 SelfAttention = Callable[[Tensor], Tensor]  # qkv [N, 3H] -> attended values [N, H] (before attn_out)
 

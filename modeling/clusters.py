@@ -14,9 +14,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from hibert.modeling.packing import Document, PackedDocuments, TensorBundle, pack_documents, ragged_slots, round_up
 from hibert.tokens import EOS_ID
-from modeling.packing import (Document, PackedDocuments, TensorBundle, pack_documents, ragged_slots,
-                              round_up)
 
 
 @dataclass

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from hibert.config.model import ModelConfig
+from hibert.modeling.layers import Layout, TransformerStack, init_weights, sinusoidal_table
+from hibert.modeling.packing import PackedDocuments
 from hibert.tokens import PAD_ID
-from modeling.layers import Layout, TransformerStack, init_weights, sinusoidal_table
-from modeling.packing import PackedDocuments
 
 
 @dataclass

@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hibert.config.model import ModelConfig
-from modeling.encoder import HibertEncoder
-from modeling.layers import init_weights
-from modeling.packing import PackedDocuments
+from hibert.modeling.encoder import HibertEncoder
+from hibert.modeling.layers import init_weights
+from hibert.modeling.packing import PackedDocuments
 
 IGNORE_LABEL = -100  # label of rows to leave out of the loss (the empty rows of the padded layout)
 

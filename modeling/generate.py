@@ -33,11 +33,9 @@ import torch
 from torch import Tensor
 
 from hibert.config.abstractive import GenerationConfig
+from hibert.modeling.logits_process import NEVER_GENERATED, NgramBlocker, SearchShape, WordPieceCap, build_processors  # noqa: F401
+from hibert.modeling.packing import PackedDocuments
 from hibert.tokens import BOS_ID, EOS_ID
-from modeling.logits_process import (NEVER_GENERATED, NgramBlocker, SearchShape, WordPieceCap,  # noqa: F401
-                                     build_processors)
-from modeling.packing import PackedDocuments
-
 
 
 @dataclass

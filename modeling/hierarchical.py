@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from modeling.clusters import UnitLayout
-from modeling.layers import init_weights, sinusoidal_table
-from modeling.structural import StructuralAttention
+from hibert.modeling.clusters import UnitLayout
+from hibert.modeling.layers import init_weights, sinusoidal_table
+from hibert.modeling.structural import StructuralAttention
 
 
 def unit_softmax(scores: Tensor, token_unit: Tensor, num_units: int) -> Tensor:

@@ -22,13 +22,19 @@ import torch
 from hibert.config.abstractive import DecoderConfig
 from hibert.config.mds import MDSConfig
 from hibert.config.model import ModelConfig
-from modeling.abstractive import (AbstractiveBatch, AbstractiveDecoder, CrossCache, HibertAbstractive, SourceMemory,
-                                  source_memory)
-from modeling.clusters import PackedClusters, pack_clusters
-from modeling.encoder import EncoderOutput, HibertEncoder
-from modeling.hierarchical import GlobalEncoder
-from modeling.packing import Document, Sentence
-from modeling.pretraining import _decoder_fields
+from hibert.modeling.abstractive import (
+    AbstractiveBatch,
+    AbstractiveDecoder,
+    CrossCache,
+    HibertAbstractive,
+    SourceMemory,
+    source_memory,
+)
+from hibert.modeling.clusters import PackedClusters, pack_clusters
+from hibert.modeling.encoder import EncoderOutput, HibertEncoder
+from hibert.modeling.hierarchical import GlobalEncoder
+from hibert.modeling.packing import Document, Sentence
+from hibert.modeling.pretraining import _decoder_fields
 
 
 @dataclass

@@ -11,11 +11,22 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hibert.config.model import ModelConfig
+from hibert.modeling.encoder import HibertEncoder
+from hibert.modeling.layers import Layout, TransformerStack, init_weights
+from hibert.modeling.packing import (
+    Document,
+    PackedDocuments,
+    Sentence,
+    TensorBundle,
+    check_doc_lens,
+    cumulative,
+    flatten_documents,
+    pack_flat,
+    pad_documents,
+    ragged_slots,
+    round_up,
+)
 from hibert.tokens import BOS_ID, EOS_ID, PAD_ID
-from modeling.encoder import HibertEncoder
-from modeling.layers import Layout, TransformerStack, init_weights
-from modeling.packing import (Document, PackedDocuments, Sentence, TensorBundle, check_doc_lens, cumulative,
-                              flatten_documents, pack_flat, pad_documents, ragged_slots, round_up)
 
 IGNORE_INDEX = -100  # label of decoder slots that are padding (padded reference layout only)
 

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hibert.config.model import ModelConfig
-from modeling.clusters import UnitLayout
-from modeling.encoder import HibertEncoder
-from modeling.layers import init_weights
+from hibert.modeling.clusters import UnitLayout
+from hibert.modeling.encoder import HibertEncoder
+from hibert.modeling.layers import init_weights
 
 
 class HibertRanker(nn.Module):

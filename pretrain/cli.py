@@ -39,7 +39,7 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def train(cfg: Config) -> int:
-    from pretrain.masked_sentence import MaskedSentenceTask
+    from hibert.pretrain.masked_sentence import MaskedSentenceTask
     from hibert.runtime.run import prepare_run, run_task
 
     try:

@@ -5,10 +5,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 
 from hibert.config import Config
 from hibert.config.model import ModelConfig
-from pretrain.objective import mask_batch
+from hibert.modeling import HibertForPretraining, flops_per_batch
+from hibert.modeling.pretraining import make_pretrain_batch_flat
+from hibert.pretrain.objective import mask_batch
+from hibert.runtime.export import load_encoder
 from hibert.runtime.task import LoaderItem, TokenNLLTask
 
 
@@ -28,15 +32,12 @@ class MaskedSentenceTask(TokenNLLTask):
         return self.model_cfg
 
     def build_model(self) -> torch.nn.Module:
-        from modeling import HibertForPretraining
-
         model = HibertForPretraining(self.model_cfg, label_smoothing=self.cfg.objective.label_smoothing)
         if self.init_state is not None:  # previous stage's encoder; fresh decoder, optimizer and schedule
-            from hibert.runtime.export import load_encoder
 
             load_encoder(model.encoder, self.init_state)
         if self.cfg.deepspeed.zero_stage == 3 and self.model_cfg.tie_output_embeddings:
-            import deepspeed
+            import deepspeed  # only under ZeRO-3; importing it costs ~2.5 s
 
             # The tied output projection reads the token embedding outside the embedding's own forward:
             # ZeRO-3 must gather that partitioned weight for the whole model forward.
@@ -44,9 +45,6 @@ class MaskedSentenceTask(TokenNLLTask):
         return model
 
     def make_item(self, dataset, doc_indices: np.ndarray, epoch: int) -> LoaderItem:
-        from modeling import flops_per_batch
-        from modeling.pretraining import make_pretrain_batch_flat
-
         m = mask_batch(dataset, doc_indices, self.spec, self.seed, epoch)
         batch = make_pretrain_batch_flat(m.words, m.word_lens, m.doc_lens, m.target_rows, m.target_words,
                                          m.target_word_lens)
@@ -56,8 +54,6 @@ class MaskedSentenceTask(TokenNLLTask):
                           num_docs=len(doc_indices))
 
     def write_export_extras(self, out_dir, full_state: dict[str, torch.Tensor]) -> None:
-        from safetensors.torch import save_file
-
         dec = {k[len("decoder."):]: v.contiguous() for k, v in full_state.items() if k.startswith("decoder.")}
         if dec:  # kept for inspection and continued pretraining; finetuning needs only the encoder
             save_file(dec, str(Path(out_dir) / "decoder.safetensors"))

@@ -27,9 +27,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from finetune.heads import HeadError, get_head
 from hibert.config.ops import SlurmStage
 from hibert.config.schema import Config
+from hibert.finetune.heads import HeadError, get_head
 from hibert.registry import parse_models_ref
 
 ALIAS_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")      # TrackingConfig.alias

@@ -24,14 +24,14 @@ import sys
 import time
 from pathlib import Path
 
-from finetune.base.rouge import format_p, paired_bootstrap
-from finetune.heads import head_of_export, registered_heads
 from hibert.config import Config, load_config
 from hibert.errors import UserError
+from hibert.finetune.base.rouge import format_p, paired_bootstrap
+from hibert.finetune.heads import head_of_export, registered_heads
 from hibert.redact import redact_uri
 from hibert.registry import DEFAULT_DB, client, tracking_uri
-from slurm.chain import TRAINING, ChainError, StageInput, dependency_closure, link, new_chain_id, store_uri
-from slurm.stages import default_pipeline, find_recipe
+from hibert.slurm.chain import TRAINING, ChainError, StageInput, dependency_closure, link, new_chain_id, store_uri
+from hibert.slurm.stages import default_pipeline, find_recipe
 
 LOCAL_SKIP = {"prep-merge"}    # a local `hibert prep` (no --num-shards) already merges
 

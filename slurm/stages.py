@@ -20,7 +20,7 @@ from hibert.config.load import configs_root
 from hibert.config.ops import SlurmConfig, SlurmResources, SlurmStage
 from hibert.config.schema import Config
 from hibert.redact import redact_uri
-from slurm.chain import (
+from hibert.slurm.chain import (
     ChainError,
     Link,
     StageInput,
@@ -31,7 +31,7 @@ from slurm.chain import (
     resolve_version,
     selected_after,
 )
-from slurm.render import JobSpec, Raw
+from hibert.slurm.render import JobSpec, Raw
 
 # Per-command resources applied before the stage's own `resources:`.
 COMMAND_RESOURCES: dict[str, dict[str, Any]] = {

@@ -20,8 +20,8 @@ from pathlib import Path
 from hibert.config import ConfigError
 from hibert.config.schema import Config
 from hibert.redact import redact_uri
-from slurm.render import render_job, write_job
-from slurm.stages import Chain, plan, write_snapshots
+from hibert.slurm.render import render_job, write_job
+from hibert.slurm.stages import Chain, plan, write_snapshots
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

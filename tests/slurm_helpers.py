@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hibert.config.ops import SlurmResources
-from slurm.render import JobSpec, write_job
+from hibert.slurm.render import JobSpec, write_job
 
 REPO = Path(__file__).resolve().parents[1]
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",

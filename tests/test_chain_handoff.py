@@ -74,15 +74,15 @@ def snapshot(jobs: dict, stage: str):
 def registry_of(command: str, cfg) -> tuple[str, str | None]:
     """(model, alias) the stage's run registers, from the real tasks (hibert/runtime/publish.py calls these):
     `hibert pretrain` trains the masked-sentence task, `hibert finetune` the one `finetune.task` names."""
-    from pretrain.masked_sentence import MaskedSentenceTask
+    from hibert.pretrain.masked_sentence import MaskedSentenceTask
 
     cls = MaskedSentenceTask
     if command == "finetune":
         kind = getattr(getattr(cfg, "finetune", None), "task", "extractive")
         if kind == "abstractive":
-            from finetune.abstractive.task import AbstractiveTask as cls
+            from hibert.finetune.abstractive.task import AbstractiveTask as cls
         else:
-            from finetune.extractive.task import ExtractiveTask as cls
+            from hibert.finetune.extractive.task import ExtractiveTask as cls
     task = object.__new__(cls)
     return task.registry_name(cfg), task.registry_alias(cfg)
 
@@ -239,7 +239,7 @@ def test_an_unreachable_registry_is_refused_unless_no_pin(env, capsys):
 
 
 def test_chain_ids_and_aliases():
-    from slurm.chain import ALIAS_RE, chain_alias, new_chain_id
+    from hibert.slurm.chain import ALIAS_RE, chain_alias, new_chain_id
 
     cid = new_chain_id("giga-cm.v2", now=0)
     assert cid.startswith("giga-cm-v2-19700101T000000Z-") and len(cid.rsplit("-", 1)[1]) == 4
@@ -251,7 +251,7 @@ def test_chain_ids_and_aliases():
 
 
 def test_what_a_stage_registers_matches_the_tasks():
-    from slurm.chain import written_model
+    from hibert.slurm.chain import written_model
 
     cases = [("pretrain", ["run.stage=open-domain"]), ("pretrain", ["run.stage=in-domain", "tracking.alias=mine"]),
              ("pretrain", ["run.stage=none"]), ("pretrain", ["tracking.registered_model=enc", "run.stage=in-domain"]),
@@ -283,8 +283,8 @@ def test_stages_that_would_race_inside_one_chain_are_refused(env, capsys):
 
 
 def test_local_demo_uses_a_chain_only_with_a_shared_store(env, monkeypatch):
-    from slurm.local import chain_overrides
-    from slurm.stages import find_recipe
+    from hibert.slurm.local import chain_overrides
+    from hibert.slurm.stages import find_recipe
 
     demo = find_recipe("demo")
     cfg = load_config(demo, [f"run.output_dir={env / 'demo'}"])

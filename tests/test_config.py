@@ -110,7 +110,7 @@ def test_interpolation_of_dotted_keys(tmp_path):
 
 
 def test_registry_alias_defaults_to_the_stage_and_can_be_named():
-    from finetune.extractive.task import ExtractiveTask
+    from hibert.finetune.extractive.task import ExtractiveTask
     from hibert.runtime.task import Task
 
     stage = load_config(None, ["run.stage=in-domain"])

@@ -15,8 +15,8 @@ import pytest
 from rouge_score import rouge_scorer
 
 from conftest import REPO, SHARED, run_hibert
-from data_prep import DocumentDataset
-from data_prep.units import windows
+from hibert.data_prep import DocumentDataset
+from hibert.data_prep.units import windows
 
 FIX = REPO / "tests" / "fixtures" / "multidoc"
 
@@ -189,7 +189,7 @@ def _cosines(texts: list[str]) -> np.ndarray:
 
 
 def test_synthetic_clusters_group_related_articles_of_the_same_split(tmp_path):
-    from data_prep.synthetic_clusters import build_clusters, main
+    from hibert.data_prep.synthetic_clusters import build_clusters, main
 
     src = tmp_path / "articles.jsonl"
     lines = [json.dumps({"idx": i, "split": s, "article": t, "highlights": f"summary of {i}"}) for i, s, t in SYNTH]

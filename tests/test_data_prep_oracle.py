@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from rouge_score import tokenizers
 
-from data_prep.oracle import OracleProblem, RougeTokenizer, oracle_labels
-from data_prep.oracle_reference import (exhaustive_rouge_score, greedy_presumm, greedy_rouge_score,
+from hibert.data_prep.oracle import OracleProblem, RougeTokenizer, oracle_labels
+from hibert.data_prep.oracle_reference import (exhaustive_rouge_score, greedy_presumm, greedy_rouge_score,
                                         set_score)
-from data_prep.ptb import detokenize, split_sentences
-from data_prep.records import split_paragraphs
-from data_prep.summaries import split_glued
+from hibert.data_prep.ptb import detokenize, split_sentences
+from hibert.data_prep.records import split_paragraphs
+from hibert.data_prep.summaries import split_glued
 
 
 def _cnndm(repo, n):

@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_prep import DocumentDataset, prepare, readers
-from data_prep import records as R
-from data_prep import tokenizer as tok
-from data_prep.merge import MissingShards
-from data_prep.oracle import oracle_labels
-from data_prep.plan import PlanMismatch
-from data_prep.process import Sentencizer, shard_marker
-from data_prep.shards import SPLITS, ShardPart, SplitWriter
+from hibert.data_prep import DocumentDataset, prepare, readers
+from hibert.data_prep import records as R
+from hibert.data_prep import tokenizer as tok
+from hibert.data_prep.merge import MissingShards
+from hibert.data_prep.oracle import oracle_labels
+from hibert.data_prep.plan import PlanMismatch
+from hibert.data_prep.process import Sentencizer, shard_marker
+from hibert.data_prep.shards import SPLITS, ShardPart, SplitWriter
 from hibert.cli import main
 from hibert.config.data import DataConfig, SegmenterConfig, SourceConfig, TokenizerConfig
 
@@ -288,7 +288,7 @@ def test_resume_skips_finished_shards(tmp_path):
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_two_workers_write_the_same_dataset_as_one(tmp_path, method, monkeypatch):
     """Whichever way the workers start (fork from a single-threaded parent, else a fork server)."""
-    from data_prep import workers
+    from hibert.data_prep import workers
 
     monkeypatch.setattr(workers, "start_method", lambda cfg: method)
     sources = [SourceConfig(format="jsonl", path=str(SAMPLES / "bbc_sample.jsonl"), name="bbc", text_field="article",
@@ -312,7 +312,7 @@ def test_workers_fork_only_when_nothing_else_runs_and_no_torch_is_needed(tmp_pat
     import sys
     import threading
 
-    from data_prep import segment, workers
+    from hibert.data_prep import segment, workers
 
     cfg = data_cfg(tmp_path, [SourceConfig(format="text", path=str(FIX / "text"))])
     monkeypatch.setattr(threading, "active_count", lambda: 1)
@@ -337,7 +337,7 @@ def test_a_killed_worker_fails_the_run_instead_of_hanging(tmp_path, method):
     import os
     import signal
 
-    from data_prep.workers import WorkerDied, WorkerPool
+    from hibert.data_prep.workers import WorkerDied, WorkerPool
 
     cfg = data_cfg(tmp_path, [SourceConfig(format="text", path=str(FIX / "text"))])
     pool = WorkerPool(cfg, tmp_path, {}, 2, progress=False, method=method)
@@ -357,7 +357,7 @@ def test_a_killed_worker_fails_the_run_instead_of_hanging(tmp_path, method):
 def test_a_death_seen_while_submitting_is_worker_died_too(tmp_path):
     """The other side of the race above: submit() can start a replacement worker while the pool's management
     thread closes its queues, and then fails with OSError('handle is closed') instead of BrokenProcessPool."""
-    from data_prep.workers import WorkerDied, WorkerPool
+    from hibert.data_prep.workers import WorkerDied, WorkerPool
 
     class TornDown:
         def submit(self, *args, **kwargs):
@@ -428,7 +428,7 @@ def test_the_tokenizer_lock_of_a_killed_task_is_free(tmp_path):
 
     from filelock import FileLock, Timeout
 
-    from data_prep import pipeline as P
+    from hibert.data_prep import pipeline as P
 
     lock = tmp_path / P.LOCK
     lock.write_text("a holder's leftovers")
@@ -452,7 +452,7 @@ def test_a_leftover_lock_does_not_hide_a_tokenizer_made_with_other_settings(tmp_
     with PlanMismatch (not --fresh), and the lock it took is released."""
     from filelock import FileLock
 
-    from data_prep import pipeline as P
+    from hibert.data_prep import pipeline as P
 
     cfg = data_cfg(tmp_path, [SourceConfig(format="text", path=str(FIX / "text"))])
     (tmp_path / tok.MODEL_NAME).write_bytes(b"a tokenizer made with other settings")
@@ -503,7 +503,7 @@ def test_one_worker_prep_starts_no_thread_and_loads_no_torch(tmp_path):
             tokenizer_only=True, progress=False)
     code = (  # reusing a tokenizer: the first sentence is segmented inside the shard, after the bar exists
         "import sys, threading\n"
-        "from data_prep import prepare\n"
+        "from hibert.data_prep import prepare\n"
         "from hibert.config.data import DataConfig, SourceConfig, TokenizerConfig\n"
         f"cfg = DataConfig(sources=[SourceConfig(format='text', path={str(FIX / 'text')!r})],"
         f" output={str(tmp_path / 'out')!r},"

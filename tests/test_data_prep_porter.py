@@ -10,8 +10,8 @@ import pytest
 from nltk.stem import porter
 from rouge_score import tokenizers
 
-from data_prep import porter as fast
-from data_prep.oracle import RougeTokenizer
+from hibert.data_prep import porter as fast
+from hibert.data_prep.oracle import RougeTokenizer
 
 from conftest import REPO, SHARED
 
@@ -59,7 +59,7 @@ def test_falls_back_to_nltk_when_they_disagree(monkeypatch, caplog):
     original = porter.PorterStemmer.stem
     monkeypatch.setattr(porter.PorterStemmer, "stem",
                         lambda self, w, to_lowercase=True: "x" if w == "ponies" else original(self, w, to_lowercase))
-    with caplog.at_level(logging.WARNING, logger="data_prep.porter"):
+    with caplog.at_level(logging.WARNING, logger="hibert.data_prep.porter"):
         stem = fast.make_stemmer()
     assert stem is not fast.porter_stem and stem("ponies") == "x"
     assert "ponies" in caplog.text
@@ -68,7 +68,7 @@ def test_falls_back_to_nltk_when_they_disagree(monkeypatch, caplog):
 def test_a_verified_nltk_is_not_even_imported():
     if fast.nltk_porter_sha256() not in fast.VERIFIED_NLTK_PORTER:
         pytest.skip("this nltk's porter.py is not in VERIFIED_NLTK_PORTER: the probe decides (tested above)")
-    code = ("import sys; from data_prep.porter import make_stemmer, porter_stem; "
+    code = ("import sys; from hibert.data_prep.porter import make_stemmer, porter_stem; "
             "assert make_stemmer() is porter_stem; assert 'nltk' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from data_prep import readers
-from data_prep import records as R
-from data_prep.ptb import detokenize, split_sentences
-from data_prep.summaries import split_glued
+from hibert.data_prep import readers
+from hibert.data_prep import records as R
+from hibert.data_prep.ptb import detokenize, split_sentences
+from hibert.data_prep.summaries import split_glued
 from hibert.config.data import SourceConfig
 
 FIX = Path(__file__).parent / "fixtures" / "data_prep"

@@ -5,10 +5,10 @@ import sys
 
 import pytest
 
-from data_prep import tokenizer as tok
-from data_prep.records import split_paragraphs
-from data_prep import segment as S
-from data_prep.segment import OFFLINE_RESOURCES, SegmenterUnavailable, make_segmenter, offline_resources_dir
+from hibert.data_prep import tokenizer as tok
+from hibert.data_prep.records import split_paragraphs
+from hibert.data_prep import segment as S
+from hibert.data_prep.segment import OFFLINE_RESOURCES, SegmenterUnavailable, make_segmenter, offline_resources_dir
 from hibert import tokens as T
 from hibert.config.data import SegmenterConfig, TokenizerConfig
 
@@ -87,7 +87,7 @@ def test_direct_fast_path_loads_neither_stanza_nor_torch(repo, tmp_path):
     code = (
         "import json, sys\n"
         "from hibert.config.data import SegmenterConfig\n"
-        "from data_prep.segment import make_segmenter\n"
+        "from hibert.data_prep.segment import make_segmenter\n"
         f"docs = json.load(open({str(tmp_path / 'docs.json')!r}))\n"
         "out = make_segmenter(SegmenterConfig(kind='spacy')).segment(docs)\n"
         "assert 'torch' not in sys.modules and 'stanza' not in sys.modules, 'loaded torch or stanza'\n"

@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from finetune.base.decoding import split_sentences
-from finetune.abstractive.data import target_ids
-from finetune.abstractive.metrics import abstractiveness, novel_ngram_rate, repetition_rate
+from hibert.finetune.base.decoding import split_sentences
+from hibert.finetune.abstractive.data import target_ids
+from hibert.finetune.abstractive.metrics import abstractiveness, novel_ngram_rate, repetition_rate
 from hibert.tokens import SEP_ID
 
 

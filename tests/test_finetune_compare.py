@@ -5,7 +5,7 @@ import json
 import pytest
 
 from hibert.errors import UserError
-from finetune.compare import compare
+from hibert.finetune.compare import compare
 from hibert.cli import main
 
 METRICS = ("rouge1_f", "rouge2_f", "rougeL_f", "rougeLsum_f")

@@ -148,7 +148,7 @@ def test_abstractive_decoder_starts_from_the_pretraining_decoder(finetuned, tmp_
     from safetensors.torch import load_file, save_file
 
     from hibert.config.model import ModelConfig
-    from modeling.pretraining import HibertForPretraining
+    from hibert.modeling.pretraining import HibertForPretraining
     from hibert.runtime.export import write_export
 
     root, _ = finetuned

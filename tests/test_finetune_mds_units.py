@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from rouge_score import rouge_scorer
 
-from finetune.base.clusters import budget_cut, rank_order, tfidf_scores
-from finetune.base.clusters import lead_first_document, lead_tokens, tfidf_extract
-from finetune.ranker.metrics import ranking_table, recall_at, selection_recall
+from hibert.finetune.base.clusters import budget_cut, rank_order, tfidf_scores
+from hibert.finetune.base.clusters import lead_first_document, lead_tokens, tfidf_extract
+from hibert.finetune.ranker.metrics import ranking_table, recall_at, selection_recall
 
 
 def test_tfidf_scores_against_a_hand_computation():
@@ -70,7 +70,7 @@ def test_cluster_baselines():
 def test_liu_lapata_lead_reads_the_title_then_the_ranked_units():
     from types import SimpleNamespace
 
-    from finetune.base.clusters import ranked_sentences
+    from hibert.finetune.base.clusters import ranked_sentences
 
     view = SimpleNamespace(title=lambda k: "storm season", sentences_text=lambda k: ["b b .", "a a ."])
     assert lead_tokens(ranked_sentences(view, 0), 4) == ["storm season", "b b"]

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 from rouge_score import rouge_scorer
 
-from finetune.base.rouge import Rouge, bootstrap_ci, paired_bootstrap, summarize_scores
-from finetune.base.selection import lead, oracle_from_labels, select
+from hibert.finetune.base.rouge import Rouge, bootstrap_ci, paired_bootstrap, summarize_scores
+from hibert.finetune.base.selection import lead, oracle_from_labels, select
 
 
 def test_selection_top_k_in_document_order():

@@ -44,7 +44,7 @@ def test_a_toy_head_runs_through_finetune_evaluate_and_summarize(tiny_data, tmp_
 
 
 def test_registry_refuses_duplicates_and_dispatches_exports_on_their_task(tmp_path):
-    from finetune.heads import HeadError, get_head, head_of_export, register_head, registered_heads
+    from hibert.finetune.heads import HeadError, get_head, head_of_export, register_head, registered_heads
 
     heads = registered_heads()
     assert {"extractive", "abstractive", "ranker", "mds"} <= set(heads)

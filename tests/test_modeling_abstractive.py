@@ -10,10 +10,10 @@ import torch
 from hibert.config.abstractive import DecoderConfig, GenerationConfig
 from hibert.config.model import ModelConfig
 from hibert.tokens import BOS_ID, EOS_ID, PAD_ID, SEP_ID
-from modeling import HibertExtractive, HibertForPretraining
-from modeling.abstractive import (HibertAbstractive, ParallelCrossAttention, VerticalCrossAttention, copy_mixture,
+from hibert.modeling import HibertExtractive, HibertForPretraining
+from hibert.modeling.abstractive import (HibertAbstractive, ParallelCrossAttention, VerticalCrossAttention, copy_mixture,
                                   QueryLayout, make_abstractive_batch, segment_softmax, source_memory)
-from modeling.packing import pack_documents
+from hibert.modeling.packing import pack_documents
 
 V = 64
 CFG = ModelConfig(name="test", vocab_size=V, hidden=32, layers=2, heads=2, dropout=0.0, max_positions=64)

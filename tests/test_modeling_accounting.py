@@ -6,7 +6,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from hibert.config import load_config
 from hibert.config.model import ModelConfig
-from modeling import (HibertEncoder, HibertExtractive, HibertForPretraining, count_parameters, flops_per_batch,
+from hibert.modeling import (HibertEncoder, HibertExtractive, HibertForPretraining, count_parameters, flops_per_batch,
                       pack_documents)
 
 

@@ -6,7 +6,7 @@ import torch
 
 from hibert.config.model import ModelConfig
 from hibert.tokens import MASK_ID
-from modeling import HibertForPretraining, make_padded_pretrain_batch, make_pretrain_batch
+from hibert.modeling import HibertForPretraining, make_padded_pretrain_batch, make_pretrain_batch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -8,9 +8,9 @@ import torch
 
 from hibert.config.abstractive import GenerationConfig
 from hibert.tokens import BOS_ID, EOS_ID, MASK_ID, PAD_ID, UNK_ID
-from modeling.abstractive import make_abstractive_batch
-from modeling.generate import NgramBlocker, _top_candidates, generate, gnmt_penalty, greedy
-from modeling.packing import pack_documents
+from hibert.modeling.abstractive import make_abstractive_batch
+from hibert.modeling.generate import NgramBlocker, _top_candidates, generate, gnmt_penalty, greedy
+from hibert.modeling.packing import pack_documents
 from test_modeling_abstractive import V, favour_eos, random_docs, tiny_model
 
 WORD_START = torch.from_numpy(np.random.default_rng(0).random(V) < 0.6)
@@ -311,7 +311,7 @@ def test_the_anchor_search_of_the_benchmark_decodes_what_greedy_does(cross, copy
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from anchor_decode import anchor_generate
-    from modeling.generate import NEVER_GENERATED
+    from hibert.modeling.generate import NEVER_GENERATED
 
     model = tiny_model(cross, copy=copy, seed=6)
     docs = random_docs(23, n_docs=3)

@@ -13,14 +13,14 @@ from hibert.config.abstractive import DecoderConfig, GenerationConfig
 from hibert.config.mds import MDSConfig
 from hibert.config.model import ModelConfig
 from hibert.tokens import BOS_ID, EOS_ID, PAD_ID
-from modeling.abstractive import HibertAbstractive, make_abstractive_batch, source_memory
+from hibert.modeling.abstractive import HibertAbstractive, make_abstractive_batch, source_memory
 from hibert.tfidf import unit_graph
-from modeling.clusters import pack_clusters
-from modeling.generate import generate
-from modeling.hierarchical import GlobalEncoder, graph_weights, unit_softmax
-from modeling.mds import HibertMDS, MDSBatch, make_mds_batch
-from modeling.packing import pack_documents
-from modeling.structural import matrix_tree_marginals
+from hibert.modeling.clusters import pack_clusters
+from hibert.modeling.generate import generate
+from hibert.modeling.hierarchical import GlobalEncoder, graph_weights, unit_softmax
+from hibert.modeling.mds import HibertMDS, MDSBatch, make_mds_batch
+from hibert.modeling.packing import pack_documents
+from hibert.modeling.structural import matrix_tree_marginals
 
 ENC = ModelConfig(name="t", hidden=32, layers=1, heads=2, vocab_size=64, dropout=0.0, max_positions=64)
 
@@ -374,7 +374,7 @@ def test_mds_config_switches_the_graph_head_and_structural_attention_separately(
 
 
 def test_exports_without_global_layer_form_load_as_v0():
-    from finetune.mds.export import stored_mds_config
+    from hibert.finetune.mds.export import stored_mds_config
 
     assert stored_mds_config({"global_layers": 1}).global_layer == "v0"
     assert stored_mds_config(MDSConfig().model_dump(mode="json")).global_layer == "liu_lapata"

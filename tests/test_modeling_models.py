@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from hibert.config.model import ModelConfig
 from hibert.tokens import MASK_ID
-from modeling import (HibertEncoder, HibertExtractive, HibertForPretraining, make_padded_pretrain_batch,
+from hibert.modeling import (HibertEncoder, HibertExtractive, HibertForPretraining, make_padded_pretrain_batch,
                       make_pretrain_batch, pack_documents, pad_documents)
 
 CFG = ModelConfig(name="test", vocab_size=60, hidden=32, layers=2, heads=4, dropout=0.0, max_positions=64)

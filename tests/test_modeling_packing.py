@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from hibert.tokens import BOS_ID, EOS_ID, MASK_ID, PAD_ID
-from modeling import make_padded_pretrain_batch, make_pretrain_batch, pack_documents, pad_documents
-from modeling.pretraining import IGNORE_INDEX
+from hibert.modeling import make_padded_pretrain_batch, make_pretrain_batch, pack_documents, pad_documents
+from hibert.modeling.pretraining import IGNORE_INDEX
 
 DOCS = [
     [[10, 11, 12], [13], []],          # an empty sentence still has its EOS
@@ -118,7 +118,7 @@ def test_to_moves_every_tensor_and_keeps_ints():
 def _assert_same_bundle(a, b) -> None:
     import dataclasses
 
-    from modeling.packing import TensorBundle
+    from hibert.modeling.packing import TensorBundle
 
     assert type(a) is type(b)
     for f in dataclasses.fields(a):

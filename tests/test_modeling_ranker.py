@@ -8,10 +8,10 @@ import torch
 
 from hibert.config.abstractive import DecoderConfig
 from hibert.config.model import ModelConfig
-from modeling.abstractive import HibertAbstractive
-from modeling.clusters import pack_clusters
-from modeling.extractive import HibertExtractive
-from modeling.ranker import HibertRanker, ranker_loss, select_units
+from hibert.modeling.abstractive import HibertAbstractive
+from hibert.modeling.clusters import pack_clusters
+from hibert.modeling.extractive import HibertExtractive
+from hibert.modeling.ranker import HibertRanker, ranker_loss, select_units
 
 ENC = ModelConfig(name="t", hidden=32, layers=1, heads=2, vocab_size=64, dropout=0.0, max_positions=64)
 

@@ -19,9 +19,13 @@ def test_wheel_install_loads_shipped_configs(repo, tmp_path):
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
                    check=True, capture_output=True, timeout=240)
+    # one import name: the card's folders install under `hibert` (hibert.modeling, ...), nothing generic at the top
+    assert sorted(p.name for p in target.iterdir() if p.is_dir() and not p.name.endswith(".dist-info")
+                  and p.name != "bin") == ["hibert"]
     elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()
-    probe = ("import hibert; from hibert.config import load_config; from hibert.config.load import configs_root; "
+    probe = ("import hibert, hibert.modeling, hibert.finetune.heads; from hibert.config import load_config; "
+             "from hibert.config.load import configs_root; "
              "c = load_config('giga-cm', ['model=hibert_s', 'deepspeed=zero3']); "
              "print(hibert.__file__); print(configs_root()); print(c.model.hidden, c.deepspeed.zero_stage)")
     env = {k: v for k, v in os.environ.items() if k != "HIBERT_CONFIG_DIR"}

@@ -161,10 +161,10 @@ def test_stage_two_starts_from_the_registered_stage_one_encoder(tiny_data, tmp_p
 
 
 def test_masks_identical_across_loader_worker_counts(tiny_data):
-    from data_prep import DocumentDataset
+    from hibert.data_prep import DocumentDataset
     from hibert.config import load_config
     from hibert.runtime.loader import make_loader
-    from pretrain.masked_sentence import MaskedSentenceTask
+    from hibert.pretrain.masked_sentence import MaskedSentenceTask
 
     cfg = load_config(None, ["model=hibert_tiny"])
     ds = DocumentDataset(tiny_data["open"], "train")

@@ -10,7 +10,7 @@ from hibert.tokens import MASK_ID
 from hibert.runtime.batching import doc_costs, plan_epoch
 from hibert.runtime.checkpoint import verify, write_marker
 from hibert.config.training import ObjectiveConfig
-from pretrain.objective import KEEP, MASK, RANDOM, mask_document, num_selected, other_document_sentence
+from hibert.pretrain.objective import KEEP, MASK, RANDOM, mask_document, num_selected, other_document_sentence
 from hibert.runtime.rng_state import load_rng_state, save_rng_state
 from hibert.runtime.schedule import lr_multiplier
 
@@ -153,7 +153,7 @@ def test_checkpoint_verify_detects_missing_marker_and_truncation(tmp_path):
 
 def _per_document_batch(docs, idx, spec, seed, epoch):
     """The reference: mask_document on each document's sentence arrays, then make_pretrain_batch."""
-    from modeling import make_pretrain_batch
+    from hibert.modeling import make_pretrain_batch
 
     masked = [mask_document(docs[i], spec, seed, epoch, i, other_document_sentence(docs, i)) for i in idx]
     return make_pretrain_batch([m.sentences for m in masked], [m.positions for m in masked],
@@ -163,8 +163,8 @@ def _per_document_batch(docs, idx, spec, seed, epoch):
 def test_batch_masking_equals_per_document_masking():
     """mask_batch (flat, the loader's path) draws exactly what mask_document draws: same masks, same
     random sentences, same targets, every field of the packed batch equal."""
-    from modeling.pretraining import make_pretrain_batch_flat
-    from pretrain.objective import mask_batch
+    from hibert.modeling.pretraining import make_pretrain_batch_flat
+    from hibert.pretrain.objective import mask_batch
     from test_modeling_packing import _assert_same_bundle
 
     docs = _docs(300, seed=3)
@@ -184,10 +184,10 @@ def test_batch_masking_equals_per_document_masking():
 
 def test_loader_item_equals_per_document_masking_on_prepared_shards(tiny_data):
     """The task's make_item over the shards' flat reads equals the per-document reference."""
-    from data_prep import DocumentDataset
+    from hibert.data_prep import DocumentDataset
     from hibert.config import load_config
-    from modeling import flops_per_batch
-    from pretrain.masked_sentence import MaskedSentenceTask
+    from hibert.modeling import flops_per_batch
+    from hibert.pretrain.masked_sentence import MaskedSentenceTask
     from test_modeling_packing import _assert_same_bundle
 
     ds = DocumentDataset(tiny_data["open"], "train")

@@ -93,7 +93,7 @@ def test_an_init_export_with_another_tokenizer_or_none_is_refused(tmp_path):
     import json
     import shutil
 
-    from data_prep import tokenizer as tok
+    from hibert.data_prep import tokenizer as tok
     from hibert.config import load_config
     from hibert.config.data import TokenizerConfig
     from hibert.runtime.run import InitModel, check_init_compatible

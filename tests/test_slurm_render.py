@@ -10,8 +10,8 @@ import yaml
 from hibert.cli import main
 from hibert.config import ConfigError, load_config
 from hibert.config.ops import SlurmResources
-from slurm.render import JobSpec, Raw, render_job, sbatch_options
-from slurm.stages import plan
+from hibert.slurm.render import JobSpec, Raw, render_job, sbatch_options
+from hibert.slurm.stages import plan
 
 
 @pytest.fixture(autouse=True)

@@ -10,9 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hibert.config.data import SourceConfig
-
-from data_prep.readers import cnndm, gigaword, hf, jsonl, multinews, text
-from data_prep.records import RawDoc, Skip
+from hibert.data_prep.readers import cnndm, gigaword, hf, jsonl, multinews, text
+from hibert.data_prep.records import RawDoc, Skip
 
 _READERS = {"gigaword": gigaword, "cnndm": cnndm, "jsonl": jsonl, "hf": hf, "text": text, "multinews": multinews}
 

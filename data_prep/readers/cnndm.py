@@ -7,9 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hibert.config.data import SourceConfig
-
-from data_prep import records as R
-from data_prep.readers.files import expand, sha256_file
+from hibert.data_prep import records as R
+from hibert.data_prep.readers.files import expand, sha256_file
 
 
 def _files(source: SourceConfig) -> list[Path]:

@@ -5,9 +5,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from hibert.config.data import SourceConfig
-
-from data_prep import records as R
-from data_prep.summaries import split_summary
+from hibert.data_prep import records as R
+from hibert.data_prep.summaries import split_summary
 
 
 def _paragraphs(value: Any) -> list[str] | None:

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import glob
-import hashlib
 import gzip
+import hashlib
 import os
 from pathlib import Path
 from typing import BinaryIO

@@ -19,9 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hibert.config.data import SourceConfig
-
-from data_prep import records as R
-from data_prep.readers.files import expand, file_units, open_binary, sha256_file
+from hibert.data_prep import records as R
+from hibert.data_prep.readers.files import expand, file_units, open_binary, sha256_file
 
 _DOC_START = re.compile(rb"^<DOC\b([^>]*)>")
 _ATTR = re.compile(r'(\w+)\s*=\s*"([^"]*)"')

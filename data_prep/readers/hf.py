@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from hibert.config.data import SourceConfig
-
-from data_prep import records as R
-from data_prep.readers.fields import record_from_fields
-from data_prep.readers.files import expand, sha256_file
+from hibert.data_prep import records as R
+from hibert.data_prep.readers.fields import record_from_fields
+from hibert.data_prep.readers.files import expand, sha256_file
 
 _BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
 _SPLIT_NAMES = {"train": "train", "validation": "valid", "valid": "valid", "dev": "valid", "test": "test"}

@@ -11,11 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hibert.config.data import SourceConfig
-
-from data_prep import records as R
-from data_prep.readers.fields import cluster_record
-from data_prep.readers.files import expand, file_units, open_binary, sha256_file
-from data_prep.readers.jsonl import json_objects
+from hibert.data_prep import records as R
+from hibert.data_prep.readers.fields import cluster_record
+from hibert.data_prep.readers.files import expand, file_units, open_binary, sha256_file
+from hibert.data_prep.readers.jsonl import json_objects
 
 SEPARATOR = "|||||"
 NEWLINE = "NEWLINE_CHAR"

@@ -5,9 +5,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hibert.config.data import SourceConfig
-
-from data_prep import records as R
-from data_prep.readers.files import expand, file_units, open_binary, sha256_file
+from hibert.data_prep import records as R
+from hibert.data_prep.readers.files import expand, file_units, open_binary, sha256_file
 
 
 def list_units(source: SourceConfig) -> list[tuple[str, int]]:

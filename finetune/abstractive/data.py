@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from finetune.base.views import RowView
+from hibert.finetune.base.views import RowView
 from hibert.tokens import SEP_ID
 
 

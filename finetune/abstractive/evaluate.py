@@ -12,11 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from data_prep import DocumentDataset
-from finetune.abstractive.data import FirstChunks
-from finetune.abstractive.export import load_abstractive
-from finetune.abstractive.metrics import abstractiveness
-from finetune.base.clusters import (
+from hibert.config import Config
+from hibert.config.mds import MDSConfig
+from hibert.data_prep import DocumentDataset
+from hibert.errors import UserError
+from hibert.finetune.abstractive.data import FirstChunks
+from hibert.finetune.abstractive.export import load_abstractive
+from hibert.finetune.abstractive.metrics import abstractiveness
+from hibert.finetune.base.clusters import (
     ORACLE_NOTE,
     cluster_document,
     cluster_graphs,
@@ -26,18 +29,15 @@ from finetune.base.clusters import (
     ranked_sentences,
     tfidf_extract,
 )
-from finetune.base.decoding import Decoder
-from finetune.base.evaluation import SummaryEvaluation
-from finetune.base.generation import generation_from_args
-from finetune.base.report import (
+from hibert.finetune.base.decoding import Decoder
+from hibert.finetune.base.evaluation import SummaryEvaluation
+from hibert.finetune.base.generation import generation_from_args
+from hibert.finetune.base.report import (
     Document,
     documents,
 )
-from finetune.base.settings import EvalSettings
-from finetune.ranker.ranking import ranked_view
-from hibert.config import Config
-from hibert.config.mds import MDSConfig
-from hibert.errors import UserError
+from hibert.finetune.base.settings import EvalSettings
+from hibert.finetune.ranker.ranking import ranked_view
 from hibert.redact import redact_uri
 
 log = logging.getLogger("hibert.evaluate")

@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from finetune.base.exports import load_head_export, read_json, validated
-from finetune.base.generation import generation_from_args
-from finetune.base.settings import DecodingFlags
 from hibert.config.abstractive import DecoderConfig, GenerationConfig
-from modeling.abstractive import HibertAbstractive
+from hibert.finetune.base.exports import load_head_export, read_json, validated
+from hibert.finetune.base.generation import generation_from_args
+from hibert.finetune.base.settings import DecodingFlags
+from hibert.modeling.abstractive import HibertAbstractive
 
 
 def load_abstractive(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict[str, Any]]:

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from finetune.abstractive.data import FirstChunks
-from finetune.abstractive.evaluate import AbstractiveEvaluation, ClusterEvaluation
-from finetune.abstractive.export import load_abstractive
-from finetune.abstractive.summarize import AbstractiveSummarizer
-from finetune.abstractive.task import AbstractiveTask, pretraining_decoder
-from finetune.base.settings import EvalSettings, SummarizeSettings
-from finetune.heads import EvalOutcome, HeadError, HeadSpec, register_head
-from finetune.ranker.ranking import ranked_view
 from hibert.config import Config
 from hibert.config.model import ModelConfig
-from hibert.runtime.run import RunInputs
+from hibert.finetune.abstractive.data import FirstChunks
+from hibert.finetune.abstractive.evaluate import AbstractiveEvaluation, ClusterEvaluation
+from hibert.finetune.abstractive.export import load_abstractive
+from hibert.finetune.abstractive.summarize import AbstractiveSummarizer
+from hibert.finetune.abstractive.task import AbstractiveTask, pretraining_decoder
+from hibert.finetune.base.settings import EvalSettings, SummarizeSettings
+from hibert.finetune.heads import EvalOutcome, HeadError, HeadSpec, register_head
+from hibert.finetune.ranker.ranking import ranked_view
+
+if TYPE_CHECKING:  # the runtime brings DeepSpeed (~2.5 s); summarize and evaluate never need it
+    from hibert.runtime.run import RunInputs
 
 log = logging.getLogger("hibert")
 
@@ -68,3 +71,4 @@ SPEC = register_head(HeadSpec(
     name="abstractive", title="abstractive finetuning", registered_model="hibert-abstractive",
     build_task=build_task, evaluate=evaluate, summarizer=summarizer, decodes=True,
     export_files=("decoder.safetensors", "abstractive.json", "generation.json")))
+

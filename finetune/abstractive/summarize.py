@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from finetune.abstractive.export import load_abstractive
-from finetune.base.decoding import Decoder
-from finetune.base.text import Summary, TextEncoder
+from hibert.finetune.abstractive.export import load_abstractive
+from hibert.finetune.base.decoding import Decoder
+from hibert.finetune.base.text import Summary, TextEncoder
 
 
 class AbstractiveSummarizer:

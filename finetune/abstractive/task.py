@@ -17,23 +17,23 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from finetune.abstractive.data import target_ids
-from finetune.abstractive.export import (
+from hibert.config import Config
+from hibert.config.model import ModelConfig
+from hibert.errors import UserError
+from hibert.finetune.abstractive.data import target_ids
+from hibert.finetune.abstractive.export import (
     DECODER_CONFIG,
     DECODER_WEIGHTS,
     GENERATION_CONFIG,
 )
-from finetune.base.decoding import Decoder
-from finetune.base.rouge import Rouge
-from finetune.base.task import EncoderHead, encoder_and_head_groups
-from finetune.ranker.ranking import trained_mds_settings
-from hibert.config import Config
-from hibert.config.model import ModelConfig
-from hibert.errors import UserError
+from hibert.finetune.base.decoding import Decoder
+from hibert.finetune.base.rouge import Rouge
+from hibert.finetune.base.task import EncoderHead, encoder_and_head_groups
+from hibert.finetune.ranker.ranking import trained_mds_settings
+from hibert.modeling import flops_per_batch
+from hibert.modeling.abstractive import HibertAbstractive, make_abstractive_batch
 from hibert.runtime.export import gather_fp32_state_dict, load_encoder
 from hibert.runtime.task import LoaderItem, ParamGroup, TokenNLLTask
-from modeling import flops_per_batch
-from modeling.abstractive import HibertAbstractive, make_abstractive_batch
 
 
 class AbstractiveTask(EncoderHead, TokenNLLTask):
@@ -103,14 +103,21 @@ class AbstractiveTask(EncoderHead, TokenNLLTask):
             dist.broadcast_object_list(box, src=0)  # every rank takes the same early-stopping decision
         return {**metrics, **box[0]}
 
+    clusters = False   # the decoder reads documents (the mds task: clusters of units)
+
+    def decode_inputs(self, data, idx: list[int]) -> tuple[list, list[np.ndarray] | None]:
+        """What the decoder reads for rows `idx` of a validation view, and their unit graphs (none here)."""
+        return [data[i] for i in idx], None
+
     def decode_rouge(self, state: dict[str, torch.Tensor], data, device: torch.device) -> dict[str, float]:
-        """ROUGE of beam-search summaries of the first `eval_decode_docs` documents of `data`."""
+        """ROUGE of beam-search summaries of the first `eval_decode_docs` documents (clusters) of `data`."""
         model = self.new_model()
         model.load_state_dict(state)
-        decoder = Decoder(model.to(device).eval(), data.tokenizer_path, self.cfg.generation, device)
-        n = min(len(data), self.cfg.finetune.eval_decode_docs)
-        idx = list(range(n))
-        summaries = decoder.summarize_ids([data[i] for i in idx])
+        decoder = Decoder(model.to(device).eval(), data.tokenizer_path, self.cfg.generation, device,
+                          clusters=self.clusters)
+        idx = list(range(min(len(data), self.cfg.finetune.eval_decode_docs)))
+        inputs, graphs = self.decode_inputs(data, idx)
+        summaries = decoder.summarize_ids(inputs, graphs=graphs)
         refs = [[data.summary_text(i)] for i in idx]
         per_doc = Rouge(("rouge1", "rouge2", "rougeL")).score_corpus([s.sentences for s in summaries], refs)
         r = {m: float(v.mean()) for m, v in per_doc.items()}

@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from finetune.base.views import RowView
 from hibert import tfidf
 from hibert.config.mds import BUILTIN_RANKINGS
+from hibert.finetune.base.views import RowView
 from hibert.tfidf import unit_graph
 from hibert.tokens import SEP_ID  # noqa: F401  (re-exported for the tasks' targets)
 
 if TYPE_CHECKING:
     pass
-from finetune.base.report import Document
+from hibert.finetune.base.report import Document
 
 RANKINGS = BUILTIN_RANKINGS  # the orderings computed here; a learned ranker passes its scores
 

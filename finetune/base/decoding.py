@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data_prep import tokenizer as tok
+from hibert.data_prep import tokenizer as tok
+from hibert.modeling import pack_documents
+from hibert.modeling.clusters import pack_clusters
+from hibert.modeling.generate import generate
 from hibert.runtime.batching import doc_costs, plan_epoch
 from hibert.tokens import SEP_ID
-from modeling import pack_documents
-from modeling.clusters import pack_clusters
-from modeling.generate import generate
 
 
 @dataclass

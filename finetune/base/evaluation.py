@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from finetune.base.report import (
+from hibert.config import Config
+from hibert.finetune.base.report import (
     Document,
     baseline_systems,
     compared_reports,
@@ -20,9 +21,8 @@ from finetune.base.report import (
     score_systems,
     write_report,
 )
-from finetune.base.settings import EvalSettings
-from finetune.heads import EvalOutcome
-from hibert.config import Config
+from hibert.finetune.base.settings import EvalSettings
+from hibert.finetune.heads import EvalOutcome
 from hibert.hashing import file_hash
 
 

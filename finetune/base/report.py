@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from finetune.base.rouge import Rouge, format_p, paired_bootstrap, summarize_scores
-from finetune.base.selection import lead, oracle_from_labels
 from hibert.errors import UserError
+from hibert.finetune.base.rouge import Rouge, format_p, paired_bootstrap, summarize_scores
+from hibert.finetune.base.selection import lead, oracle_from_labels
 
 log = logging.getLogger("hibert.evaluate")
 HEADLINE = ("rouge1_f", "rouge2_f", "rougeL_f", "rougeLsum_f")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from finetune.heads import get_head
 from hibert.config import Config
 from hibert.config.model import ModelConfig
+from hibert.finetune.heads import get_head
 from hibert.runtime.export import load_encoder
 from hibert.runtime.task import ParamGroup, decay_groups
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from data_prep import tokenizer as tok
-from data_prep.process import Sentencizer
 from hibert.config.data import DataConfig, SegmenterConfig
+from hibert.data_prep import tokenizer as tok
+from hibert.data_prep.process import Sentencizer
 
 _PTB_MARKERS = re.compile(r"(-lrb-|-rrb-| n't\b| 's\b| `` | '' )")
 

@@ -10,16 +10,16 @@ from typing import Any
 
 import numpy as np
 
-from data_prep import DocumentDataset
-from finetune.base.evaluation import SummaryEvaluation
-from finetune.base.report import (
+from hibert.data_prep import DocumentDataset
+from hibert.errors import UserError
+from hibert.finetune.base.evaluation import SummaryEvaluation
+from hibert.finetune.base.report import (
     Document,
     documents,
 )
-from finetune.base.rouge import Rouge
-from finetune.base.selection import select
-from finetune.extractive.export import load_extractive, score_split
-from hibert.errors import UserError
+from hibert.finetune.base.rouge import Rouge
+from hibert.finetune.base.selection import select
+from hibert.finetune.extractive.export import load_extractive, score_split
 from hibert.redact import redact_uri
 
 log = logging.getLogger("hibert.evaluate")

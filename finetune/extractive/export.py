@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from finetune.base.exports import load_head_export, read_json
+from hibert.finetune.base.exports import load_head_export, read_json
+from hibert.modeling import HibertExtractive, pack_documents
 from hibert.runtime.batching import doc_costs, plan_epoch
-from modeling import HibertExtractive, pack_documents
 
 
 def sentence_scores(model_out: torch.Tensor) -> torch.Tensor:

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import numpy as np
 
-from finetune.base.selection import select
-from finetune.base.text import Summary, TextEncoder
-from finetune.extractive.export import load_extractive, score_documents
+from hibert.finetune.base.selection import select
+from hibert.finetune.base.text import Summary, TextEncoder
+from hibert.finetune.extractive.export import load_extractive, score_documents
 
 
 class Summarizer:

@@ -14,14 +14,14 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from finetune.base.task import EncoderHead
-from finetune.extractive.evaluate import rouge_of_selection
-from finetune.extractive.export import sentence_scores
 from hibert.config import Config
 from hibert.config.model import ModelConfig
+from hibert.finetune.base.task import EncoderHead
+from hibert.finetune.extractive.evaluate import rouge_of_selection
+from hibert.finetune.extractive.export import sentence_scores
+from hibert.modeling import HibertExtractive, flops_per_batch, pack_documents
+from hibert.modeling.packing import PackedDocuments, TensorBundle
 from hibert.runtime.task import LoaderItem, Task
-from modeling import HibertExtractive, flops_per_batch, pack_documents
-from modeling.packing import PackedDocuments, TensorBundle
 
 
 @dataclass

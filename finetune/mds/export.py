@@ -7,15 +7,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from finetune.abstractive.export import (
+from hibert.config.abstractive import DecoderConfig
+from hibert.config.mds import MDSConfig
+from hibert.finetune.abstractive.export import (
     DECODER_CONFIG,
     DECODER_WEIGHTS,
     stored_generation,
 )
-from finetune.base.exports import load_head_export, read_json
-from hibert.config.abstractive import DecoderConfig
-from hibert.config.mds import MDSConfig
-from modeling.mds import HibertMDS
+from hibert.finetune.base.exports import load_head_export, read_json
+from hibert.modeling.mds import HibertMDS
 
 if TYPE_CHECKING:
     from hibert.config.mds import MDSConfig

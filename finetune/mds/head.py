@@ -3,21 +3,24 @@ local and global layers -> decoder."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from finetune.abstractive.evaluate import ClusterEvaluation
-from finetune.abstractive.head import check_has_training_data, use_ranked_clusters
-from finetune.abstractive.task import pretraining_decoder
-from finetune.base.settings import EvalSettings, SummarizeSettings
-from finetune.heads import EvalOutcome, HeadError, HeadSpec, register_head
-from finetune.mds.export import load_mds, stored_mds_settings
-from finetune.mds.summarize import ClusterSummarizer
-from finetune.mds.task import MDSTask
-from finetune.ranker.head import need_clusters
 from hibert.config import Config
 from hibert.config.mds import ranking_kind
 from hibert.config.model import ModelConfig
+from hibert.finetune.abstractive.evaluate import ClusterEvaluation
+from hibert.finetune.abstractive.head import check_has_training_data, use_ranked_clusters
+from hibert.finetune.abstractive.task import pretraining_decoder
+from hibert.finetune.base.settings import EvalSettings, SummarizeSettings
+from hibert.finetune.heads import EvalOutcome, HeadError, HeadSpec, register_head
+from hibert.finetune.mds.export import load_mds, stored_mds_settings
+from hibert.finetune.mds.summarize import ClusterSummarizer
+from hibert.finetune.mds.task import MDSTask
+from hibert.finetune.ranker.head import need_clusters
 from hibert.registry import resolve_model, tracking_uri
-from hibert.runtime.run import RunInputs
+
+if TYPE_CHECKING:  # the runtime brings DeepSpeed (~2.5 s); summarize and evaluate never need it
+    from hibert.runtime.run import RunInputs
 
 
 def build_task(cfg: Config, inputs: RunInputs, model_cfg: ModelConfig) -> MDSTask:
@@ -52,3 +55,4 @@ SPEC = register_head(HeadSpec(
     name="mds", title="multi-document summarizer", registered_model="hibert-mds",
     build_task=build_task, evaluate=evaluate, summarizer=summarizer, reads="clusters", decodes=True,
     export_files=("decoder.safetensors", "abstractive.json", "generation.json", "mds.json")))
+

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import numpy as np
 
-from data_prep.units import windows
-from finetune.base.clusters import budget_cut, rank_order, tfidf_scores
-from finetune.base.decoding import Decoder
-from finetune.base.text import Summary, TextEncoder
-from finetune.mds.export import load_mds
-from finetune.ranker.export import load_ranker, score_clusters
+from hibert.data_prep.units import windows
+from hibert.finetune.base.clusters import budget_cut, rank_order, tfidf_scores
+from hibert.finetune.base.decoding import Decoder
+from hibert.finetune.base.text import Summary, TextEncoder
+from hibert.finetune.mds.export import load_mds
+from hibert.finetune.ranker.export import load_ranker, score_clusters
 from hibert.tfidf import unit_graph
 
 

@@ -12,16 +12,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from finetune.abstractive.data import target_ids
-from finetune.abstractive.task import AbstractiveTask
-from finetune.base.clusters import cluster_graphs
-from finetune.base.decoding import Decoder
-from finetune.base.rouge import Rouge
-from finetune.mds.export import MDS_CONFIG
-from finetune.ranker.ranking import trained_mds_settings
+from hibert.finetune.abstractive.data import target_ids
+from hibert.finetune.abstractive.task import AbstractiveTask
+from hibert.finetune.base.clusters import cluster_graphs
+from hibert.finetune.mds.export import MDS_CONFIG
+from hibert.finetune.ranker.ranking import trained_mds_settings
+from hibert.modeling import flops_per_batch
+from hibert.modeling.mds import HibertMDS, make_mds_batch
 from hibert.runtime.task import LoaderItem
-from modeling import flops_per_batch
-from modeling.mds import HibertMDS, make_mds_batch
 
 
 class MDSTask(AbstractiveTask):
@@ -52,20 +50,11 @@ class MDSTask(AbstractiveTask):
                           extra={"doc_indices": rows})
 
     # ---------------------------------------------------------------- evaluation
-    def decode_rouge(self, state: dict[str, torch.Tensor], data, device: torch.device) -> dict[str, float]:
-        model = self.new_model()
-        model.load_state_dict(state)
-        decoder = Decoder(model.to(device).eval(), data.tokenizer_path, self.cfg.generation, device, clusters=True)
-        n = min(len(data), self.cfg.finetune.eval_decode_docs)
-        idx = list(range(n))
+    clusters = True
+
+    def decode_inputs(self, data, idx: list[int]) -> tuple[list, list[np.ndarray] | None]:
         graphs = cluster_graphs(data, idx, self.cfg.mds.graph_threshold) if self.cfg.mds.graph_attention else None
-        summaries = decoder.summarize_ids([data.units(i) for i in idx], graphs=graphs)
-        refs = [[data.summary_text(i)] for i in idx]
-        per_doc = Rouge(("rouge1", "rouge2", "rougeL")).score_corpus([s.sentences for s in summaries], refs)
-        r = {m: float(v.mean()) for m, v in per_doc.items()}
-        return {"valid_rouge1": r["rouge1_f"], "valid_rouge2": r["rouge2_f"], "valid_rougeL": r["rougeL_f"],
-                "valid_rouge": (r["rouge1_f"] + r["rouge2_f"] + r["rougeL_f"]) / 3,
-                "valid_summary_words": float(np.mean([len(" ".join(s.sentences).split()) for s in summaries]))}
+        return [data.units(i) for i in idx], graphs
 
     # ---------------------------------------------------------------- export
     def write_export_extras(self, out_dir, full_state: dict[str, torch.Tensor]) -> None:

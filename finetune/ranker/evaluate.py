@@ -10,14 +10,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from data_prep import DocumentDataset
-from finetune.base.clusters import all_units_view, data_note, rank_order, tfidf_scores
-from finetune.base.rouge import bootstrap_ci, format_p, paired_bootstrap
-from finetune.base.settings import EvalSettings
-from finetune.ranker.export import load_ranker, score_clusters
-from finetune.ranker.metrics import CUTOFFS, ranking_table
 from hibert.config import Config
+from hibert.data_prep import DocumentDataset
 from hibert.errors import UserError
+from hibert.finetune.base.clusters import all_units_view, data_note, rank_order, tfidf_scores
+from hibert.finetune.base.rouge import bootstrap_ci, format_p, paired_bootstrap
+from hibert.finetune.base.settings import EvalSettings
+from hibert.finetune.ranker.export import load_ranker, score_clusters
+from hibert.finetune.ranker.metrics import CUTOFFS, ranking_table
 from hibert.redact import redact_uri
 
 log = logging.getLogger("hibert.evaluate")

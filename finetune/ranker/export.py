@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from finetune.base.exports import load_head_export, read_json
 from hibert.config.mds import MDSConfig
-from modeling.clusters import pack_clusters
-from modeling.ranker import HibertRanker
+from hibert.finetune.base.exports import load_head_export, read_json
+from hibert.modeling.clusters import pack_clusters
+from hibert.modeling.ranker import HibertRanker
 
 RANKER_WEIGHTS = "ranker.safetensors"
 

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from finetune.base.clusters import all_units_view
-from finetune.base.rouge import format_p
-from finetune.base.settings import EvalSettings
-from finetune.heads import EvalOutcome, HeadError, HeadSpec, register_head
-from finetune.ranker.evaluate import evaluate_ranker
-from finetune.ranker.task import RankerTask
 from hibert.config import Config
 from hibert.config.model import ModelConfig
-from hibert.runtime.run import RunInputs
+from hibert.finetune.base.clusters import all_units_view
+from hibert.finetune.base.rouge import format_p
+from hibert.finetune.base.settings import EvalSettings
+from hibert.finetune.heads import EvalOutcome, HeadError, HeadSpec, register_head
+from hibert.finetune.ranker.evaluate import evaluate_ranker
+from hibert.finetune.ranker.task import RankerTask
+
+if TYPE_CHECKING:  # the runtime brings DeepSpeed (~2.5 s); summarize and evaluate never need it
+    from hibert.runtime.run import RunInputs
 
 
 def need_clusters(cfg: Config, inputs: RunInputs) -> None:
@@ -53,3 +56,4 @@ SPEC = register_head(HeadSpec(
     name="ranker", title="unit ranker", registered_model="hibert-ranker",
     build_task=build_task, evaluate=evaluate, summarizer=None, reads="clusters",
     export_files=("ranker.safetensors", "ranker.json")))
+

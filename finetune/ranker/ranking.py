@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from finetune.base.clusters import RankedClusters, all_units_view
-from finetune.ranker.export import load_ranker, score_clusters
 from hibert.config import Config
 from hibert.config.mds import ranking_kind
+from hibert.finetune.base.clusters import RankedClusters, all_units_view
+from hibert.finetune.ranker.export import load_ranker, score_clusters
 from hibert.registry import pin_model_ref, resolve_model, tracking_uri
 
 log = logging.getLogger("hibert")

@@ -16,18 +16,18 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 from torch import Tensor
 
-from finetune.base.clusters import rank_order, tfidf_scores
-from finetune.base.task import EncoderHead, encoder_and_head_groups
-from finetune.ranker.export import RANKER_CONFIG, RANKER_WEIGHTS, score_clusters
-from finetune.ranker.metrics import ranking_table
 from hibert.config import Config
 from hibert.config.model import ModelConfig
+from hibert.finetune.base.clusters import rank_order, tfidf_scores
+from hibert.finetune.base.task import EncoderHead, encoder_and_head_groups
+from hibert.finetune.ranker.export import RANKER_CONFIG, RANKER_WEIGHTS, score_clusters
+from hibert.finetune.ranker.metrics import ranking_table
+from hibert.modeling import flops_per_batch
+from hibert.modeling.clusters import pack_clusters
+from hibert.modeling.packing import TensorBundle
+from hibert.modeling.ranker import HibertRanker, ranker_loss
 from hibert.runtime.export import gather_fp32_state_dict, load_encoder
 from hibert.runtime.task import LoaderItem, ParamGroup, Task
-from modeling import flops_per_batch
-from modeling.clusters import pack_clusters
-from modeling.packing import TensorBundle
-from modeling.ranker import HibertRanker, ranker_loss
 
 
 @dataclass

@@ -28,7 +28,7 @@ class ConfigError(ValueError):
 
 def configs_root() -> Path:
     """The shipped configs/ folder (override with $HIBERT_CONFIG_DIR): the source checkout's, or the copy
-    installed as the `configs` package when installed from a wheel."""
+    installed as the `hibert.configs` package when installed from a wheel."""
     env = os.environ.get("HIBERT_CONFIG_DIR")
     if env:
         return Path(env)
@@ -37,7 +37,7 @@ def configs_root() -> Path:
         return checkout
     from importlib.resources import files
 
-    return Path(str(files("configs")))
+    return Path(str(files("hibert.configs")))
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from hibert.config import config_hash
 from hibert.redact import redact_uri
 from hibert.registry import register_artifact_dir
 from hibert.runtime.export import write_export
+from hibert.runtime.tracking import git_commit
 
 log = logging.getLogger("hibert.train")
 
@@ -31,8 +32,6 @@ def publish(trainer, step: int, metrics: dict[str, float]) -> tuple[Path, str | 
     out = trainer.run_dir / "export"
     version = None
     if rt.is_main:
-        from hibert.runtime.tracking import git_commit
-
         p = trainer.encoder_prefix
         encoder = {k[len(p):]: v for k, v in full.items() if k.startswith(p)}
         meta = {"stage": cfg.run.stage, "task": task.name, "step": step,

@@ -19,11 +19,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
 from hibert.config import Config, save_resolved
 from hibert.config.model import ModelConfig
+from hibert.data_prep import DocumentDataset
+from hibert.data_prep.tokenizer import vocab_size
 from hibert.errors import UserError
+from hibert.hashing import file_hash
 from hibert.logs import setup_logging
+from hibert.registry import resolve_model, tracking_uri
+from hibert.runtime.dist_env import REQUEUE_EXIT_CODE
+from hibert.runtime.engine import init_distributed
+from hibert.runtime.export import read_export
+from hibert.runtime.launch import launch_local
+from hibert.runtime.publish import NothingTrained
 from hibert.runtime.task import LoaderItem, ParamGroup, Task
+from hibert.runtime.trainer import Trainer
 
 __all__ = ["InitModel", "LoaderItem", "ParamGroup", "RunInputs", "Task", "prepare_run", "relaunch", "run_task",
            "load_init", "check_init_compatible"]
@@ -58,8 +70,6 @@ class RunInputs:
 
 def relaunch(cfg: Config, command: str, nproc: int) -> int:
     """Re-run this command on `nproc` local ranks with the resolved config as the recipe."""
-    from hibert.runtime.launch import launch_local
-
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     path = save_resolved(cfg, Path(tempfile.mkdtemp(prefix="launch-", dir=cfg.run_dir)))
     return launch_local(nproc, ["-m", "hibert.cli", command, str(path)])
@@ -73,10 +83,7 @@ def load_init(cfg: Config, rank: int = 0) -> InitModel | None:
     filesystem (checkpoints need that too)."""
     if not cfg.run.init:
         return None
-    import torch.distributed as dist
 
-    from hibert.registry import resolve_model, tracking_uri
-    from hibert.runtime.export import read_export
 
     box = [None]
     if rank == 0:
@@ -93,8 +100,6 @@ def check_init_compatible(cfg: Config, init: InitModel, dataset_tokenizer: Path,
     """Refuse an init encoder of another size or tokenizer than this run's (a silent mismatch would train
     on garbage ids or fail deep inside load_state_dict). Every export carries the tokenizer its encoder was
     trained with; one without it is damaged (or hand-made), and nothing would show which ids it reads."""
-    from hibert.hashing import file_hash
-
     for k in keys:
         if getattr(init.model_cfg, k) != getattr(cfg.model, k):
             raise ValueError(f"run.init={cfg.run.init}: its model.{k}={getattr(init.model_cfg, k)} differs from "
@@ -110,9 +115,6 @@ def check_init_compatible(cfg: Config, init: InitModel, dataset_tokenizer: Path,
 
 
 def prepare_run(cfg: Config, check_init: bool = True) -> RunInputs:
-    from data_prep import DocumentDataset
-    from data_prep.tokenizer import vocab_size
-    from hibert.runtime.engine import init_distributed
 
     rt = init_distributed(cfg)
     setup_logging(rt.rank)
@@ -129,12 +131,6 @@ def prepare_run(cfg: Config, check_init: bool = True) -> RunInputs:
 
 def run_task(cfg: Config, inputs: RunInputs, task: Task, command: str) -> int:
     """Train `task` with the shared Trainer; exit code 75 (requeue) when preempted."""
-    import torch.distributed as dist
-
-    from hibert.runtime.dist_env import REQUEUE_EXIT_CODE
-    from hibert.runtime.publish import NothingTrained
-    from hibert.runtime.trainer import Trainer
-
     try:
         result = Trainer(cfg, task, inputs.rt, inputs.train, inputs.valid).fit()
     except NothingTrained as e:

@@ -11,18 +11,18 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from data_prep import DocumentDataset
-from finetune.base.report import baseline_systems, documents, score_lines, score_systems, write_report
-from finetune.base.selection import select
-from finetune.base.task import EncoderHead
-from finetune.base.text import Summary, TextEncoder
-from finetune.extractive.evaluate import chunk_to_doc_scores
-from finetune.extractive.export import score_documents, score_split
-from finetune.heads import EvalOutcome, HeadError, HeadSpec, register_head
+from hibert.data_prep import DocumentDataset
+from hibert.finetune.base.report import baseline_systems, documents, score_lines, score_systems, write_report
+from hibert.finetune.base.selection import select
+from hibert.finetune.base.task import EncoderHead
+from hibert.finetune.base.text import Summary, TextEncoder
+from hibert.finetune.extractive.evaluate import chunk_to_doc_scores
+from hibert.finetune.extractive.export import score_documents, score_split
+from hibert.finetune.heads import EvalOutcome, HeadError, HeadSpec, register_head
 from hibert.runtime.export import load_encoder, read_export
 from hibert.runtime.task import LoaderItem, Task
-from modeling import HibertExtractive, flops_per_batch, pack_documents
-from modeling.packing import PackedDocuments, TensorBundle
+from hibert.modeling import HibertExtractive, flops_per_batch, pack_documents
+from hibert.modeling.packing import PackedDocuments, TensorBundle
 
 LEAD = 3
 WEIGHTS = "lead_head.safetensors"
