@@ -1,8 +1,9 @@
 """`hibert finetune`, `hibert evaluate`, `hibert summarize`: parse the command line into typed settings, ask
 the head registry (finetune/heads.py) which head to run, and turn the library's `UserError`s into one line.
 
-The heads, the runtime, torch and MLflow are imported inside the handlers: together they cost ~2.5 s
-(`python -X importtime`), which `hibert --help` and the other commands (which build this parser) would pay.
+The runtime, the export loaders, torch and MLflow are imported inside the handlers: together they cost ~2.5 s
+(`python -X importtime`), which `hibert --help` and the other commands (which build this parser) would pay;
+the heads themselves load on first use of the registry.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from hibert.config import Config
 from hibert.config.mds import ranking_kind
+from hibert.data_prep import DocumentDataset
 from hibert.errors import UserError
 from hibert.finetune.base.generation import (
     DecodingFlagError,
@@ -24,6 +26,8 @@ from hibert.finetune.base.generation import (
 from hibert.finetune.base.settings import EvalSettings, SummarizeSettings
 from hibert.finetune.base.text import InputError, Summary, read_clusters, read_documents
 from hibert.finetune.heads import EvalOutcome, HeadSpec, get_head, head_of_export
+from hibert.redact import redact_uri
+from hibert.registry import ensure_experiment, resolve_model, tracking_uri
 
 
 def _ranking_arg(value: str) -> str:
@@ -102,8 +106,6 @@ def _check_decoding(head: HeadSpec, local: Path, flags):
 
 
 def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
-    from hibert.data_prep import DocumentDataset
-    from hibert.registry import resolve_model, tracking_uri
 
     settings = EvalSettings(decoding=decoding_from_args(args), **{
         k: v for k, v in vars(args).items() if k in EvalSettings.__dataclass_fields__ and k != "decoding"})
@@ -139,8 +141,6 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
 def _log_to_mlflow(cfg: Config, uri: str, outcome: EvalOutcome) -> None:
     import mlflow  # ~1 s; see the module docstring
 
-    from hibert.redact import redact_uri
-    from hibert.registry import ensure_experiment
 
     meta, result = outcome.meta, outcome.result
     ensure_experiment(uri, cfg.tracking.experiment)
@@ -193,7 +193,6 @@ def _print_summary(s: Summary, clusters: bool, as_json: bool) -> None:
 
 
 def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
-    from hibert.registry import resolve_model, tracking_uri
 
     settings = SummarizeSettings(decoding=decoding_from_args(args), **{
         k: v for k, v in vars(args).items() if k in SummarizeSettings.__dataclass_fields__ and k != "decoding"})

@@ -30,7 +30,8 @@ from pathlib import Path
 from hibert.config.ops import SlurmStage
 from hibert.config.schema import Config
 from hibert.finetune.heads import HeadError, get_head
-from hibert.registry import parse_models_ref
+from hibert.redact import redact_uri
+from hibert.registry import client, parse_models_ref, sqlite_path, tracking_uri
 
 ALIAS_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")      # TrackingConfig.alias
 CHAIN_ID_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
@@ -84,8 +85,6 @@ def written_model(command: str, cfg: Config) -> tuple[str, str] | None:
 
 def store_uri(cfg: Config) -> str:
     """The registry a stage's run talks to (as the run resolves it; never creates a store)."""
-    from hibert.registry import tracking_uri
-
     return tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False)
 
 
@@ -223,9 +222,6 @@ def _fail_fast() -> Iterator[None]:
 def resolve_version(uri: str, name: str, alias: str) -> str:
     """The version `models:/name@alias` (alias "latest": the newest version) points at now. Read-only:
     a missing local sqlite store is reported, not created. Raises ChainError."""
-    from hibert.redact import redact_uri
-    from hibert.registry import client, sqlite_path
-
     shown = redact_uri(uri)
     db = sqlite_path(uri)
     if db is not None and not db.is_file():

@@ -76,3 +76,15 @@ def test_local_store_keeps_artifacts_next_to_the_database(tmp_path, monkeypatch)
     assert list((tmp_path / "store" / "mlartifacts").rglob("a.txt"))
     assert not (tmp_path / "mlruns").exists()
     mlflow.set_tracking_uri("")  # leave MLflow's in-process default as it was
+
+
+def test_building_every_command_parser_imports_no_heavy_library():
+    """`hibert --help` (and every command, which builds the whole parser first) stays fast: the heads, the
+    runtime, torch, DeepSpeed, MLflow and rouge-score (nltk) load only when a command needs them."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from hibert.cli import build_parser; build_parser(); "
+            "print(sorted({'torch', 'deepspeed', 'mlflow', 'nltk', 'rouge_score', 'stanza'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

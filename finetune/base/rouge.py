@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from rouge_score import rouge_scorer
 
 METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 
@@ -15,6 +14,10 @@ METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 class Rouge:
     def __init__(self, metrics: Sequence[str] = METRICS, stemmer: bool = True):
         self.metrics = tuple(metrics)
+        # imported here: rouge-score pulls in nltk (~1.4 s), which the bootstrap helpers below, `hibert compare`
+        # and every command's --help do not need
+        from rouge_score import rouge_scorer
+
         self.scorer = rouge_scorer.RougeScorer(list(self.metrics), use_stemmer=stemmer)
 
     def score_doc(self, prediction: Sequence[str], references: Sequence[Sequence[str]]) -> dict[str, float]:

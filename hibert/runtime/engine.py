@@ -15,6 +15,8 @@ from typing import Any
 import torch
 
 from hibert.config import Config
+from hibert.runtime.dist_env import detect_dist_env
+from hibert.runtime.launch import free_port
 from hibert.runtime.schedule import lr_multiplier
 from hibert.runtime.task import ParamGroup, decay_groups
 
@@ -40,9 +42,6 @@ def resolve_precision(requested: str) -> str:
 
 def init_distributed(cfg: Config) -> Runtime:
     """Map the launcher's environment (torchrun, deepspeed, srun, or none) to ranks and init the group."""
-    from hibert.runtime.dist_env import detect_dist_env
-    from hibert.runtime.launch import free_port
-
     env = detect_dist_env()
     if env.world_size == 1 and "MASTER_PORT" not in os.environ and env.launcher == "single":
         os.environ["MASTER_PORT"] = str(free_port())
