@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -28,6 +29,8 @@ from hibert.finetune.base.text import InputError, Summary, read_clusters, read_d
 from hibert.finetune.heads import EvalOutcome, HeadSpec, get_head, head_of_export
 from hibert.redact import redact_uri
 from hibert.registry import ensure_experiment, resolve_model, tracking_uri
+
+log = logging.getLogger("hibert")
 
 
 def _ranking_arg(value: str) -> str:
@@ -64,6 +67,9 @@ def run_finetune(cfg: Config, args: argparse.Namespace) -> int:
         if args.nproc and "RANK" not in os.environ and "SLURM_PROCID" not in os.environ:
             return relaunch(cfg, "finetune", args.nproc)
         inputs = prepare_run(cfg)
+        if inputs.rt.is_main:
+            log.info("finetune: head %s (reads %s; its config: %s) -> registered model %s", head.name, head.reads,
+                     ", ".join(head.config_sections) or "none of its own", head.registered_model)
         if inputs.init is not None:  # the encoder's own size and vocabulary; this run's dropout
             model_cfg = inputs.init.model_cfg.model_copy(update={"dropout": cfg.model.dropout})
         else:

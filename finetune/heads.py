@@ -53,6 +53,8 @@ class HeadSpec:
         `inputs.train` / `inputs.valid` with its dataset views (first chunks, ranked clusters, ...).
     evaluate(cfg, settings, export_dir, ref, clusters) -> EvalOutcome: the evaluation of an export on
         `settings.split` (`clusters`: whether that split holds clusters); writes the report.
+    load(export_dir, device) -> (model in eval mode, the export's settings): the head's export loader; the
+        evaluation skeleton's "load" step (finetune/base/evaluation.py).
     summarizer(cfg, export_dir, device, generation, settings) -> an object whose `summarize_all(inputs)`
         returns one `finetune.base.text.Summary` per input (a (id, text) document, or an (id, [texts])
         cluster when `reads == "clusters"`). None: the head does not summarize (e.g. a ranker).
@@ -63,6 +65,8 @@ class HeadSpec:
     build_task: Callable[..., Any]
     evaluate: Callable[..., EvalOutcome]
     export_files: tuple[str, ...] = ()         # files the head writes next to the encoder export
+    load: Callable[..., tuple[Any, dict[str, Any]]] | None = None
+    config_sections: tuple[str, ...] = ()      # the config sections of its own it reads (logged at start)
     summarizer: Callable[..., Any] | None = None
     reads: str = "documents"                   # what summarize reads: "documents" or "clusters"
     decodes: bool = False                      # the decoding flags (--beam, ...) apply to its exports

@@ -8,7 +8,6 @@ and meta."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ from hibert.config.mds import MDSConfig
 from hibert.data_prep import DocumentDataset
 from hibert.errors import UserError
 from hibert.finetune.abstractive.data import FirstChunks
-from hibert.finetune.abstractive.export import load_abstractive
 from hibert.finetune.abstractive.metrics import abstractiveness
 from hibert.finetune.base.clusters import (
     ORACLE_NOTE,
@@ -48,7 +46,7 @@ class AbstractiveEvaluation(SummaryEvaluation):
     next to Lead-3 and the oracle (which see the whole document), with novelty and repetition."""
 
     def load(self):
-        model, meta = load_abstractive(self.export_dir, self.device)
+        model, meta = super().load()
         self.generation = generation_from_args(meta["generation"], self.settings)
         return model, meta
 
@@ -82,21 +80,19 @@ class AbstractiveEvaluation(SummaryEvaluation):
 
 
 class ClusterEvaluation(AbstractiveEvaluation):
-    """A decoder on a split of clusters: the multi-document summarizer (`mds`, loaded by `load_fn`) or a flat
+    """A decoder on a split of clusters: the multi-document summarizer (`mds`) or a flat
     abstractive model reading the ranked units back to back, next to Lead (first sentences of the first
     document; first words to the gold length, in document order and — Liu & Lapata's definition — of the
     title and the ranked units) and a tf-idf centroid extract. `cfg` is not changed: the units are read with
     a copy holding the model's own `mds:` settings (ranking, budget, unit cap) and the command line's
     --ranking / --budget-tokens."""
 
-    def __init__(self, cfg: Config, settings: EvalSettings, export_dir: Path, ref: str, load_fn: Callable,
-                 mds: bool):
+    def __init__(self, cfg: Config, settings: EvalSettings, export_dir: Path, ref: str, mds: bool):
         super().__init__(cfg, settings, export_dir, ref)
-        self.load_fn, self.mds = load_fn, mds
+        self.mds = mds
 
     def load(self):
-        model, meta = self.load_fn(self.export_dir, self.device)
-        self.generation = generation_from_args(meta["generation"], self.settings)
+        model, meta = super().load()
         mds_cfg = self.cfg.mds
         if self.mds:  # the model reads units as it was trained to: its ranking, budget and unit cap
             mds_cfg = meta["mds"]

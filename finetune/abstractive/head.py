@@ -59,7 +59,7 @@ def build_task(cfg: Config, inputs: RunInputs, model_cfg: ModelConfig) -> Abstra
 
 def evaluate(cfg: Config, settings: EvalSettings, local: Path, ref: str, clusters: bool) -> EvalOutcome:
     if clusters:
-        return ClusterEvaluation(cfg, settings, local, ref, load_abstractive, mds=False).run()
+        return ClusterEvaluation(cfg, settings, local, ref, mds=False).run()
     return AbstractiveEvaluation(cfg, settings, local, ref).run()
 
 
@@ -70,5 +70,6 @@ def summarizer(cfg: Config, local: Path, device: str, generation, settings: Summ
 SPEC = register_head(HeadSpec(
     name="abstractive", title="abstractive finetuning", registered_model="hibert-abstractive",
     build_task=build_task, evaluate=evaluate, summarizer=summarizer, decodes=True,
+    load=load_abstractive, config_sections=("decoder", "generation", "mds"),
     export_files=("decoder.safetensors", "abstractive.json", "generation.json")))
 

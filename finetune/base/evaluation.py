@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from hibert.config import Config
+from hibert.errors import UserError
 from hibert.finetune.base.report import (
     Document,
     baseline_systems,
@@ -22,7 +23,7 @@ from hibert.finetune.base.report import (
     write_report,
 )
 from hibert.finetune.base.settings import EvalSettings
-from hibert.finetune.heads import EvalOutcome
+from hibert.finetune.heads import EvalOutcome, head_of_export
 from hibert.hashing import file_hash
 
 
@@ -34,9 +35,12 @@ class SummaryEvaluation(ABC):
         self.meta: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ what a head fills in
-    @abstractmethod
     def load(self) -> tuple[torch.nn.Module, dict[str, Any]]:
-        """(model, export settings) of `self.export_dir`."""
+        """(model, export settings) of `self.export_dir`, by the loader its head registered."""
+        head = head_of_export(self.export_dir)
+        if head.load is None:
+            raise UserError(f"hibert evaluate: a {head.name} model registers no loader")
+        return head.load(self.export_dir, self.device)
 
     @abstractmethod
     def view(self) -> list[Document]:

@@ -19,7 +19,7 @@ from hibert.finetune.base.report import (
 )
 from hibert.finetune.base.rouge import Rouge
 from hibert.finetune.base.selection import select
-from hibert.finetune.extractive.export import load_extractive, score_split
+from hibert.finetune.extractive.export import score_split
 from hibert.redact import redact_uri
 
 log = logging.getLogger("hibert.evaluate")
@@ -63,9 +63,6 @@ def tune_selection(dataset, chunk_scores: dict[int, np.ndarray], ks=(1, 2, 3, 4,
 class ExtractiveEvaluation(SummaryEvaluation):
     """An extractive export on a split: the top-k sentences in document order (k and trigram blocking tuned
     on 'valid' unless `settings.no_tune`) next to Lead-3 and the oracle."""
-
-    def load(self):
-        return load_extractive(self.export_dir, self.device)
 
     def view(self) -> list[Document]:
         cfg, settings, selection = self.cfg, self.settings, self.meta["selection"]

@@ -8,6 +8,7 @@ from hibert.config import Config
 from hibert.config.model import ModelConfig
 from hibert.finetune.base.settings import EvalSettings, SummarizeSettings
 from hibert.finetune.extractive.evaluate import ExtractiveEvaluation
+from hibert.finetune.extractive.export import load_extractive
 from hibert.finetune.extractive.summarize import Summarizer
 from hibert.finetune.extractive.task import ExtractiveTask
 from hibert.finetune.heads import EvalOutcome, HeadError, HeadSpec, register_head
@@ -37,5 +38,6 @@ def summarizer(cfg: Config, local: Path, device: str, generation, settings: Summ
 SPEC = register_head(HeadSpec(
     name="extractive", title="extractive finetuning", registered_model="hibert-extractive",
     build_task=build_task, evaluate=evaluate, summarizer=summarizer,
+    load=load_extractive, config_sections=("objective",),
     export_files=("head.safetensors", "extractive.json")))
 

@@ -37,7 +37,7 @@ def evaluate(cfg: Config, settings: EvalSettings, local: Path, ref: str, cluster
     if not clusters:
         raise HeadError(f"hibert evaluate: {ref} is a multi-document model; {cfg.data.dataset_dir} holds "
                         "documents, not clusters")
-    return ClusterEvaluation(cfg, settings, local, ref, load_mds, mds=True).run()
+    return ClusterEvaluation(cfg, settings, local, ref, mds=True).run()
 
 
 def summarizer(cfg: Config, local: Path, device: str, generation, settings: SummarizeSettings) -> ClusterSummarizer:
@@ -54,5 +54,6 @@ def summarizer(cfg: Config, local: Path, device: str, generation, settings: Summ
 SPEC = register_head(HeadSpec(
     name="mds", title="multi-document summarizer", registered_model="hibert-mds",
     build_task=build_task, evaluate=evaluate, summarizer=summarizer, reads="clusters", decodes=True,
+    load=load_mds, config_sections=("decoder", "generation", "mds"),
     export_files=("decoder.safetensors", "abstractive.json", "generation.json", "mds.json")))
 

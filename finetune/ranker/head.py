@@ -13,6 +13,7 @@ from hibert.finetune.base.rouge import format_p
 from hibert.finetune.base.settings import EvalSettings
 from hibert.finetune.heads import EvalOutcome, HeadError, HeadSpec, register_head
 from hibert.finetune.ranker.evaluate import evaluate_ranker
+from hibert.finetune.ranker.export import load_ranker
 from hibert.finetune.ranker.task import RankerTask
 
 if TYPE_CHECKING:  # the runtime brings DeepSpeed (~2.5 s); summarize and evaluate never need it
@@ -55,5 +56,6 @@ def evaluate(cfg: Config, settings: EvalSettings, local: Path, ref: str, cluster
 SPEC = register_head(HeadSpec(
     name="ranker", title="unit ranker", registered_model="hibert-ranker",
     build_task=build_task, evaluate=evaluate, summarizer=None, reads="clusters",
+    load=load_ranker, config_sections=("mds",),
     export_files=("ranker.safetensors", "ranker.json")))
 

@@ -19,10 +19,10 @@ from hibert.finetune.base.text import Summary, TextEncoder
 from hibert.finetune.extractive.evaluate import chunk_to_doc_scores
 from hibert.finetune.extractive.export import score_documents, score_split
 from hibert.finetune.heads import EvalOutcome, HeadError, HeadSpec, register_head
-from hibert.runtime.export import load_encoder, read_export
-from hibert.runtime.task import LoaderItem, Task
 from hibert.modeling import HibertExtractive, flops_per_batch, pack_documents
 from hibert.modeling.packing import PackedDocuments, TensorBundle
+from hibert.runtime.export import load_encoder, read_export
+from hibert.runtime.task import LoaderItem, Task
 
 LEAD = 3
 WEIGHTS = "lead_head.safetensors"
@@ -111,4 +111,4 @@ class LeadSummarizer:
 
 register_head(HeadSpec(name="lead-k", title="lead-k scorer", registered_model="hibert-lead-k",
                        build_task=build_task, evaluate=evaluate, summarizer=LeadSummarizer,
-                       export_files=(WEIGHTS,)))
+                       load=lambda export_dir, device: load(export_dir), export_files=(WEIGHTS,)))
