@@ -1,7 +1,7 @@
 """The runtime API every training command builds on (pretraining, extractive, abstractive, multi-document).
 
-A head is a `Task` (hibert/runtime/task.py: model, micro-batches, loss, metrics, export extras, optimizer groups)
-plus a few lines of command code:
+A task is a `Task` (hibert/runtime/task.py: model, micro-batches, loss, metrics, export extras, optimizer
+groups) plus a few lines of command code (pretrain/cli.py; finetune/cli.py gets the task from the head registry):
 
     inputs = prepare_run(cfg)                 # ranks, logging, train/valid data, run.init resolved + checked
     task = MyTask(cfg, ..., init_state=inputs.init.state if inputs.init else None)

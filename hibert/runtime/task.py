@@ -1,5 +1,5 @@
 """What a training job trains. The one training loop (`hibert.runtime.trainer.Trainer`) drives any Task:
-masked-sentence pretraining here, extractive and abstractive finetuning in finetune/ — no second loop.
+masked-sentence pretraining (pretrain/) and every finetuning head (finetune/) — no second loop.
 
 A task supplies: `build_model`, `make_item` (DataLoader workers: a pure function of its arguments), `loss`
 (forward + additive statistics), `summarize` (statistics -> metrics), `model_config`; optionally
