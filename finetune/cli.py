@@ -123,8 +123,8 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
     uri = tracking_uri(cfg.tracking.uri, cfg.run.output_dir)
     ref = _model_ref(cfg, args.model)
     local = resolve_model(ref, uri, cfg.run_dir / "eval-model")
-    head = head_of_export(local)
     try:  # the flags against the model's settings, before it loads
+        head = head_of_export(local)  # (a head module named in $HIBERT_HEADS that fails to import: one line)
         _check_decoding(head, local, settings)
     except DecodingFlagError as e:
         print(f"hibert evaluate: {e}", file=sys.stderr)
