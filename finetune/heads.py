@@ -136,9 +136,3 @@ def head_of_export(export_dir: Path) -> HeadSpec:
     if best == 0:
         return _HEADS["extractive"]
     return next(_HEADS[name] for name, n in present.items() if n == best)
-
-
-def registered_model_names() -> dict[str, str]:
-    """head name -> its registered model name (the chain pins and re-aliases these)."""
-    return {name: spec.registered_model for name, spec in registered_heads().items()}
-

@@ -57,9 +57,6 @@ def generation_for_export(export_dir: Path, args: DecodingFlags) -> GenerationCo
     return generation_from_args(stored_generation(export_dir), args, decoder_max_positions(export_dir))
 
 
-def is_abstractive_export(local: Path) -> bool:
-    return (Path(local) / DECODER_CONFIG).is_file()
-
 
 DECODER_WEIGHTS = "decoder.safetensors"
 

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     pass
 from hibert.finetune.base.report import Document
 
-RANKINGS = BUILTIN_RANKINGS  # the orderings computed here; a learned ranker passes its scores
 
 
 def tfidf_scores(unit_texts: Sequence[str], query: str | None = None) -> np.ndarray:
@@ -56,8 +55,8 @@ class RankedClusters(RowView):
         if not getattr(dataset, "is_clusters", False):
             raise ValueError(f"{dataset.dir} is not a cluster dataset (manifest kind: "
                              f"{dataset.manifest.get('kind', 'documents')}); multi-document heads need clusters")
-        if scores is None and ranking not in RANKINGS:
-            raise ValueError(f"ranking must be one of {RANKINGS} or learned scores, not {ranking!r}")
+        if scores is None and ranking not in BUILTIN_RANKINGS:
+            raise ValueError(f"ranking must be one of {BUILTIN_RANKINGS} or learned scores, not {ranking!r}")
         self.base, self.ranking, self.budget, self.top = dataset, ranking if scores is None else "ranker", budget, top
         self.max_units = max_units
         keep = [i for i in range(len(dataset)) if dataset.summary(i) is not None]

@@ -24,9 +24,6 @@ if TYPE_CHECKING:
 MDS_CONFIG = "mds.json"
 
 
-def is_mds_export(local: Path) -> bool:
-    return (Path(local) / MDS_CONFIG).is_file()
-
 
 def stored_mds_config(stored: dict[str, Any]) -> MDSConfig:
     """The `mds:` settings an export was trained with; one without `global_layer` predates the paper's
