@@ -39,7 +39,7 @@ from hibert.modeling.layers import (
 )
 from hibert.modeling.packing import Document, PackedDocuments, Sentence, TensorBundle, pack_documents, round_up
 from hibert.modeling.pretraining import _decoder_fields, token_losses
-from hibert.tokens import PAD_ID
+from hibert.tokens import BOS_ID, EOS_ID, MASK_ID, PAD_ID, SEP_ID
 
 SelfAttention = Callable[[Tensor], Tensor]  # qkv [N, 3H] -> attended values [N, H] (before attn_out)
 
@@ -100,7 +100,7 @@ class SourceMemory:
     sentence_slot: Tensor   # [N] place of each token on the [B, D, T] sentence grid (VHT)
     key_mask: Tensor        # [B, L] bool, True = a real token
     token_mask: Tensor      # [B, D, T] bool, True = a real token (padding sentences: slot 0, never used)
-    ids: Tensor             # [B, L] source ids (PAD at padding): where copied probability goes
+    ids: Tensor             # [B, L] where copied probability goes: `copy_targets` of the source ids (PAD at padding)
     grid_ids: Tensor        # [B, D * T] the same on the sentence grid
     segment: Tensor         # [B, L] sentence of each slot within its document (0 at padding)
     sentences: Tensor       # [B, D, H] document-level sentence vectors (zeros at padding)
@@ -110,6 +110,15 @@ class SourceMemory:
     @property
     def num_docs(self) -> int:
         return self.key_mask.shape[0]
+
+
+def copy_targets(ids: Tensor) -> Tensor:
+    """The target id that copying each source id votes for. Every source sentence ends with EOS (its state is
+    the sentence vector, a natural attention sink), but a target's EOS ends the whole summary: copied, it
+    would turn attention on sentence ends into probability of stopping. A source sentence marker (EOS, and
+    BOS/MASK/SEP should a source carry them) copies as the target's sentence separator, SEP."""
+    marker = (ids == EOS_ID) | (ids == BOS_ID) | (ids == MASK_ID)
+    return ids.masked_fill(marker, SEP_ID)
 
 
 def source_memory(encoded: EncoderOutput, add_sentence_vectors: bool, pad_to_multiple: int = 8) -> SourceMemory:
@@ -129,7 +138,7 @@ def source_memory(encoded: EncoderOutput, add_sentence_vectors: bool, pad_to_mul
     sent_pos = docs.sent_pos[rows]
     sentence_slot = (doc * d + sent_pos) * t + docs.token_pos
 
-    ids = docs.tokens.reshape(-1).index_select(0, docs.token_index)
+    ids = copy_targets(docs.tokens.reshape(-1).index_select(0, docs.token_index))
     grid = lambda fill, src: src.new_full((b * width,), fill).index_copy(0, slot, src).view(b, width)  # noqa: E731
     key_mask = grid(False, torch.ones_like(ids, dtype=torch.bool))
     token_mask = docs.tokens.new_zeros(b * d * t, dtype=torch.bool).index_fill_(0, sentence_slot, True).view(b, d, t)

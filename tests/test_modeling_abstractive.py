@@ -78,7 +78,7 @@ def test_source_memory_is_the_flat_stream_of_real_tokens_with_sentence_vectors()
     n_tokens = [sum(len(s) + 1 for s in d) for d in docs]
     assert mem.key_mask.sum(1).tolist() == n_tokens
     # stream order: document 0's tokens, sentence by sentence, then document 1's ...
-    ids = [int(t) for d in docs for s in d for t in list(s) + [EOS_ID]]
+    ids = [int(t) for d in docs for s in d for t in list(s) + [SEP_ID]]  # copy targets: a sentence end is SEP
     assert mem.ids[mem.key_mask].tolist() == ids and (mem.ids[~mem.key_mask] == PAD_ID).all()
     rows = torch.repeat_interleave(torch.arange(packed.num_sentences), packed.sent_lens)
     torch.testing.assert_close(mem.states, plain.states + enc.sentence_states[rows])
@@ -286,8 +286,30 @@ def test_copy_model_is_a_distribution_and_copies_the_document(cross):
     batch, logp = _teacher_forced(model, docs, targets)
     for r in range(logp.shape[0]):
         doc = batch.dec_doc[r].item()
-        source = sorted({int(t) for s in docs[doc] for t in list(s) + [EOS_ID]})
+        source = sorted({int(t) for s in docs[doc] for t in list(s) + [SEP_ID]})  # a sentence end copies as SEP
         assert logp[r, source].exp().sum().item() > 1 - 1e-4
+        assert logp[r, EOS_ID].exp().item() < 1e-12  # copying never ends the summary
+
+
+def test_copy_attention_sink_on_sentence_ends_votes_for_sep_not_eos():
+    """Regression: HIBERT's sentence-final EOS positions hold the sentence vectors and attract attention; with
+    all attention on them and p_gen ~ 0, the copy distribution must put its mass on SEP (a sentence break),
+    none on EOS (the end of the summary)."""
+    docs = random_docs(3)
+    model = tiny_model("flat", copy=True)
+    packed = pack_documents(docs)
+    with torch.no_grad():
+        mem = source_memory(model.encoder(packed), add_sentence_vectors=True)
+    assert not bool((mem.ids == EOS_ID).any())
+    ends = torch.zeros_like(mem.key_mask)
+    for b, doc in enumerate(docs):                      # the slot of every sentence's last token (its EOS)
+        ends[b, (np.cumsum([len(s) + 1 for s in doc]) - 1).tolist()] = True
+    assert bool((mem.ids[ends] == SEP_ID).all())
+    attn = ends.float() / ends.sum(1, keepdim=True)     # the sink: all attention on sentence ends
+    logp_vocab = torch.full((len(docs), V), -math.log(V))
+    p = copy_mixture(logp_vocab, torch.full((len(docs), 1), -40.0), attn, QueryLayout(len(docs), 1), mem.ids).exp()
+    torch.testing.assert_close(p[:, SEP_ID], torch.ones(len(docs)), atol=1e-6, rtol=0)
+    assert float(p[:, EOS_ID].max()) < 1e-12
 
 
 def test_copy_loss_gradients_are_finite_and_smoothing_matches_its_formula():

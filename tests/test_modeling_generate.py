@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hibert.config.abstractive import GenerationConfig
-from hibert.tokens import BOS_ID, EOS_ID, MASK_ID, PAD_ID, UNK_ID
+from hibert.tokens import BOS_ID, EOS_ID, MASK_ID, PAD_ID, SEP_ID, UNK_ID
 from hibert.modeling.abstractive import make_abstractive_batch
 from hibert.modeling.generate import NgramBlocker, _top_candidates, generate, gnmt_penalty, greedy
 from hibert.modeling.packing import pack_documents
@@ -286,7 +286,7 @@ def test_search_runs_on_the_copy_mixture():
         model.decoder.copy_gate.bias.fill_(-40.0)  # p_gen ~ 0: only the document's own tokens are likely
     docs = random_docs(26, n_docs=4, max_words=5)
     for doc, h in zip(docs, run(model, docs, max_length=10, no_repeat_ngram=0)):
-        source = {int(t) for s in doc for t in s}
+        source = {int(t) for s in doc for t in s} | {SEP_ID}  # a copied sentence end is a sentence break
         assert set(h.tokens) <= source and h.log_prob > -10 * (len(h.tokens) + 1)
 
 
