@@ -4,8 +4,9 @@ unit graph of Liu & Lapata's eq. 24 (`unit_graph`), and the nearest neighbours o
 
 Tokenisation, the same everywhere: a text is its lower-cased runs of [a-z0-9] (`words`); a unit already
 encoded is its subword ids. Weights: sublinear tf 1 + log(count) times the smoothed idf
-log((1 + N) / (1 + df)) + 1 over the N rows compared (a cluster's units, or a split's articles); rows are
-L2-normalised, so a dot product is a cosine."""
+log((1 + N) / (1 + df)) + 1 over the N rows compared (a cluster's units, or a split's articles) — except the
+unit graph's default, which is Liu & Lapata's eq. 25 as printed (`weigh_eq25`); rows are L2-normalised, so a
+dot product is a cosine."""
 from __future__ import annotations
 
 import re
@@ -46,6 +47,20 @@ def weigh(counts: np.ndarray) -> np.ndarray:
     return np.divide(w, norm, out=np.zeros_like(w), where=norm > 0)
 
 
+def weigh_eq25(counts: np.ndarray) -> np.ndarray:
+    """Liu & Lapata 2019, appendix eq. 25: v_ik = N_w(t_k) log(N_d / N_dw(t_k)) — raw count times the
+    unsmoothed idf over the N_d rows (a word in every row weighs 0) — rows L2-normalised (an empty or
+    all-common row stays 0: it then has no edge but its self loop)."""
+    n = counts.shape[0]
+    df = (counts > 0).sum(0)
+    w = counts * np.log(n / np.maximum(df, 1))
+    norm = np.linalg.norm(w, axis=1, keepdims=True)
+    return np.divide(w, norm, out=np.zeros_like(w), where=norm > 0)
+
+
+GRAPH_WEIGHTS = {"eq25": weigh_eq25, "sublinear": weigh}
+
+
 def cosine_to_query(texts: Sequence[str], query: str | None = None) -> np.ndarray:
     """Cosine between each text's tf-idf vector (idf over `texts`) and the query's, or — without a query, or
     one with no word — the centroid of the text vectors. (Columns in first-occurrence order: rankings by these
@@ -76,11 +91,16 @@ def cosine_to_query(texts: Sequence[str], query: str | None = None) -> np.ndarra
     return mat @ (q / qn) if qn > 0 else np.zeros(n)
 
 
-def unit_graph(units: Sequence[Sequence[int]] | Sequence[str], threshold: float) -> np.ndarray:
-    """Liu & Lapata eq. 24's graph [U, U] float32: tf-idf cosine between the units of one cluster (each its
-    subword ids, or a text: its words), edges below `threshold` dropped, self loops 1 (an empty unit gets only
-    its self loop). Symmetric and NOT row-normalised: the global layer's graph head
-    (`modeling.hierarchical.graph_weights`) normalises each row over the real units of the batch's grid."""
+def unit_graph(units: Sequence[Sequence[int]] | Sequence[str], threshold: float,
+               weighting: str = "eq25") -> np.ndarray:
+    """Liu & Lapata eq. 24's graph [U, U] float32: tf-idf cosine between the units of one cluster (each a
+    text: its words, or its subword ids), edges below `threshold` dropped, self loops 1 (an empty unit gets
+    only its self loop). `weighting`: "eq25" (the paper's appendix, meant for words) or "sublinear" (sublinear
+    tf x smoothed idf, what exports made before eq. 25 used, on subword ids). Symmetric and NOT
+    row-normalised: the global layer's graph head (`modeling.hierarchical.graph_weights`) normalises each row
+    over the real units of the batch's grid."""
+    if weighting not in GRAPH_WEIGHTS:
+        raise ValueError(f"unit graph weighting {weighting!r}: use one of {sorted(GRAPH_WEIGHTS)}")
     n = len(units)
     if n == 0:
         return np.zeros((0, 0), np.float32)
@@ -88,7 +108,7 @@ def unit_graph(units: Sequence[Sequence[int]] | Sequence[str], threshold: float)
         rows = [words(u) for u in units]  # type: ignore[arg-type]
     else:
         rows = [np.asarray(u, dtype=np.int64).reshape(-1).tolist() for u in units]
-    w = weigh(count_matrix(rows)[1])
+    w = GRAPH_WEIGHTS[weighting](count_matrix(rows)[1])
     g = w @ w.T
     g[g < threshold] = 0.0
     np.fill_diagonal(g, 1.0)

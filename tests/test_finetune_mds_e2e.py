@@ -70,6 +70,7 @@ def test_ranker_and_summarizer_train_select_and_register(trained):
     mds = json.loads((export / "mds.json").read_text())["mds"]
     # the alias the recipe names, pinned to the version that ranked the training split
     assert mds["graph_attention"] and mds["structural_attention"] and mds["global_layer"] == "liu_lapata"
+    assert mds["graph_weighting"] == "eq25"
     assert mds["ranking"] == f"models:/hibert-ranker/{list_versions(uri, 'hibert-ranker')[-1]['version']}"
     assert (root / "mds" / "rankings" / "train.npz").is_file()   # the registered ranker's scores, once
     flat = json.loads((root / "flat" / "export" / "abstractive.json").read_text())
@@ -95,6 +96,7 @@ def test_evaluate_ranker_and_summarizer_reports(trained, tmp_path):
     assert "SYNTHETIC" in rep["meta"]["task"] and rep["num_documents"] >= 3
     assert rep["meta"]["reads"].startswith("units ranked by models:/hibert-ranker/")
     assert "<= 300 tokens (trained on 300)" in rep["meta"]["reads"]
+    assert rep["meta"]["unit_graph"].startswith("eq. 25 tf-idf")   # the report says which graph the model read
     # Liu & Lapata's generalisation test: trained on one budget, read twice as much at test time
     run_hibert(["evaluate", *mds, "--split", "valid", "--budget-tokens", "600", "--limit", "2", "--bootstrap", "50",
                 "--out", tmp_path / "budget-600"], timeout=300)

@@ -96,7 +96,7 @@ def _clusters(seed: int, n: int = 3):
 
 
 def _graphs(clusters) -> list[np.ndarray]:
-    return [unit_graph([np.concatenate(u) for u in c], 0.1) for c in clusters]
+    return [unit_graph([np.concatenate(u) for u in c], 0.1, "sublinear") for c in clusters]
 
 
 # ---------------------------------------------------------------------------------------------- packing
@@ -133,8 +133,9 @@ def test_pack_clusters_layout_on_a_hand_made_batch():
 
 
 def test_unit_graph_by_hand():
-    # units {6, 6, 7}, {7, 8}, {9}, {} over U = 4: idf = log(5 / (1 + df)) + 1, tf weight 1 + log(count)
-    g = unit_graph([[6, 6, 7], [7, 8], [9], []], threshold=0.1)
+    # "sublinear" (exports made before eq. 25): units {6, 6, 7}, {7, 8}, {9}, {} over U = 4:
+    # idf = log(5 / (1 + df)) + 1, tf weight 1 + log(count)
+    g = unit_graph([[6, 6, 7], [7, 8], [9], []], threshold=0.1, weighting="sublinear")
     idf1, idf2 = math.log(5 / 2) + 1, math.log(5 / 3) + 1
     u0 = np.array([(1 + math.log(2)) * idf1, idf2, 0.0])   # over words 6, 7, 8
     u1 = np.array([0.0, idf2, idf1])
@@ -144,10 +145,26 @@ def test_unit_graph_by_hand():
     assert g.dtype == np.float32 and 0.1 < cos < 0.5
     np.testing.assert_allclose(g, want, rtol=1e-6)
     # the edge goes below a higher threshold; self loops stay (the empty unit too); rows not normalised
-    np.testing.assert_array_equal(unit_graph([[6, 6, 7], [7, 8], [9], []], threshold=0.5), np.eye(4))
+    np.testing.assert_array_equal(unit_graph([[6, 6, 7], [7, 8], [9], []], threshold=0.5, weighting="sublinear"),
+                                  np.eye(4))
     # texts: lower-cased whitespace words, the same bags
-    np.testing.assert_allclose(unit_graph(["x x Y", "y z", "w", ""], 0.1), want, rtol=1e-6)
+    np.testing.assert_allclose(unit_graph(["x x Y", "y z", "w", ""], 0.1, "sublinear"), want, rtol=1e-6)
     assert unit_graph([], 0.1).shape == (0, 0)
+
+
+def test_unit_graph_eq25_by_hand():
+    """Liu & Lapata eq. 25: v = N_w log(N_d / N_dw). Units "x x y", "y z", "w", "" (N_d = 4): over x, y, z
+    u0 = (2 log 4, log 2, 0) = log 2 (4, 1, 0), u1 = (0, log 2, log 4) = log 2 (0, 1, 2): cos = 1 / sqrt(85)."""
+    g = unit_graph(["x x Y", "y z", "w", ""], threshold=0.1)           # eq25 is the default
+    want = np.eye(4, dtype=np.float32)
+    want[0, 1] = want[1, 0] = 1 / math.sqrt(85)
+    np.testing.assert_allclose(g, want, rtol=1e-6)
+    assert (unit_graph(["x x Y", "y z", "w", ""], threshold=0.11) == np.eye(4)).all()   # 0.108 < 0.11
+    # a word in every unit weighs log(1) = 0: units sharing only it have no edge (sublinear would link them)
+    np.testing.assert_array_equal(unit_graph(["a b", "a c"], 0.0), np.eye(2))
+    assert unit_graph(["a b", "a c"], 0.0, "sublinear")[0, 1] > 0.2
+    with pytest.raises(ValueError, match="weighting"):
+        unit_graph(["a"], 0.1, "bm25")
 
 
 def test_pooling_weights_sum_to_one_within_each_unit_and_graph_rows_are_normalised():
@@ -164,7 +181,7 @@ def test_global_layers_cluster_is_independent_of_the_batch_and_ranks_matter():
     torch.manual_seed(0)
     enc = GlobalEncoder(32, 4, 64, 0.0, 2, graph_attention=True, structural_attention=True).eval()
     clusters = _clusters(1)
-    graphs = [unit_graph([np.concatenate(u) for u in c], 0.1) for c in clusters]
+    graphs = [unit_graph([np.concatenate(u) for u in c], 0.1, "sublinear") for c in clusters]
     packed = pack_clusters(clusters, graphs)
     x = torch.randn(packed.units.num_real_tokens, 32)
     together = enc(x, packed.layout, packed.graph)
@@ -377,6 +394,8 @@ def test_exports_without_global_layer_form_load_as_v0():
     from hibert.finetune.mds.export import stored_mds_config
 
     assert stored_mds_config({"global_layers": 1}).global_layer == "v0"
+    assert stored_mds_config({"global_layers": 1}).graph_weighting == "sublinear"  # made before eq. 25
+    assert stored_mds_config(MDSConfig().model_dump(mode="json")).graph_weighting == "eq25"
     assert stored_mds_config(MDSConfig().model_dump(mode="json")).global_layer == "liu_lapata"
     old = HibertMDS(ENC, DecoderConfig(layers=1), MDSConfig(global_layers=1, global_layer="v0"))
     keys = {k for k in old.state_dict() if k.startswith("global_encoder.layers.0.")}

@@ -22,6 +22,7 @@ from hibert.finetune.base.clusters import (
     cluster_document,
     cluster_graphs,
     data_note,
+    graph_note,
     lead_first_document,
     lead_tokens,
     ranked_sentences,
@@ -127,7 +128,7 @@ class ClusterEvaluation(AbstractiveEvaluation):
         cfg, view, idx = self.run_cfg, self.ranked, self.idx
         decoder = Decoder(self.model, self.test.tokenizer_path, self.generation, self.device, clusters=self.mds)
         if self.mds:
-            graphs = cluster_graphs(view, idx, cfg.mds.graph_threshold) if cfg.mds.graph_attention else None
+            graphs = cluster_graphs(view, idx, cfg.mds) if cfg.mds.graph_attention else None
             decoded = decoder.summarize_ids([view.units(k) for k in idx], graphs=graphs)
         else:
             decoded = decoder.summarize_ids([view[k] for k in idx])
@@ -153,6 +154,7 @@ class ClusterEvaluation(AbstractiveEvaluation):
                          f"{self.trained_budget})"
                          f"{'' if mds else ', back to back as one document'}"
                          f"{ORACLE_NOTE if cfg.mds.ranking == 'oracle' else ''}",
+                **({"unit_graph": graph_note(cfg.mds)} if mds else {}),
                 "lead3_first_doc": "the first 3 sentences of the first document",
                 "lead_gold_length": "the first words of the documents back to back (document order), as many as "
                                     "the reference has",

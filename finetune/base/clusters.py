@@ -9,18 +9,16 @@ The view computes every cluster's order once (numpy) and is picklable, so DataLo
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from hibert import tfidf
-from hibert.config.mds import BUILTIN_RANKINGS
+from hibert.config.mds import BUILTIN_RANKINGS, MDSConfig
 from hibert.finetune.base.views import RowView
 from hibert.tfidf import unit_graph
 from hibert.tokens import SEP_ID  # noqa: F401  (re-exported for the tasks' targets)
 
-if TYPE_CHECKING:
-    pass
 from hibert.finetune.base.report import Document
 
 
@@ -124,10 +122,27 @@ class RankedClusters(RowView):
         return 0
 
 
-def cluster_graphs(view, rows: list[int], threshold: float) -> list[np.ndarray]:
-    """Liu & Lapata eq. 24's unit graph of each selected cluster: tf-idf cosine between its units."""
-    return [unit_graph([np.concatenate(u) if u else np.zeros(0, np.int64) for u in view.units(i)], threshold)
-            for i in rows]
+def cluster_graphs(view, rows: list[int], mds: MDSConfig) -> list[np.ndarray]:
+    """Liu & Lapata eq. 24's unit graph of each selected cluster: tf-idf cosine between its units, on their
+    words (eq. 25) or, for `graph_weighting: sublinear`, their subword ids."""
+    return [units_graph(view.units_text(i), view.units(i), mds) for i in rows]
+
+
+def units_graph(texts: Sequence[Sequence[str]], ids: Sequence[Sequence[np.ndarray]], mds: MDSConfig) -> np.ndarray:
+    """The unit graph of one cluster from its units, each as sentence texts and as sentence subword ids."""
+    if mds.graph_weighting == "eq25":
+        return unit_graph([" ".join(u) for u in texts], mds.graph_threshold, "eq25")
+    return unit_graph([np.concatenate(u) if len(u) else np.zeros(0, np.int64) for u in ids], mds.graph_threshold,
+                      mds.graph_weighting)
+
+
+def graph_note(mds: MDSConfig) -> str:
+    """What a report says of the unit graph its model read."""
+    if not mds.graph_attention:
+        return "none (no graph-informed head)"
+    how = ("eq. 25 tf-idf (N_w log(N_d/N_dw)) on words" if mds.graph_weighting == "eq25"
+           else "sublinear tf x smoothed idf on subword ids")
+    return f"{how}, edges < {mds.graph_threshold} dropped (Liu & Lapata eq. 24)"
 
 
 # -------------------------------------------------------------------------------------------- baselines

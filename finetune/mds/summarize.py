@@ -7,12 +7,11 @@ from pathlib import Path
 import numpy as np
 
 from hibert.data_prep.units import windows
-from hibert.finetune.base.clusters import budget_cut, rank_order, tfidf_scores
+from hibert.finetune.base.clusters import budget_cut, rank_order, tfidf_scores, units_graph
 from hibert.finetune.base.decoding import Decoder
 from hibert.finetune.base.text import Summary, TextEncoder
 from hibert.finetune.mds.export import load_mds
 from hibert.finetune.ranker.export import load_ranker, score_clusters
-from hibert.tfidf import unit_graph
 
 
 class ClusterSummarizer:
@@ -63,9 +62,10 @@ class ClusterSummarizer:
             top = self.mds.top_units if self.mds.top_units else self.mds.max_units
             chosen[i] = budget_cut(rank_order(s), tokens, self.mds.budget_tokens, min(top, self.mds.max_units))
         batch = [[prepared[i][1][j] for j in chosen[i].tolist()] for i in todo]
+        batch_texts = [[prepared[i][0][j] for j in chosen[i].tolist()] for i in todo]
         graphs = None
         if self.mds.graph_attention:
-            graphs = [unit_graph([np.concatenate(u) for u in c], self.mds.graph_threshold) for c in batch]
+            graphs = [units_graph(t, c, self.mds) for t, c in zip(batch_texts, batch)]
         decoded = self.decoder.summarize_ids(batch, graphs=graphs)
         out = [Summary(cid, [], [], 0, "no sentences found") for cid, _ in clusters]
         for i, d in zip(todo, decoded):

@@ -39,7 +39,7 @@ class MDSTask(AbstractiveTask):
                 raise ValueError(f"{dataset.split} cluster {dataset.doc_id(i)} has no summary")
             clusters.append(dataset.units(i))
             targets.append(target_ids(summary, self.cfg.finetune.max_target_tokens))
-        graphs = cluster_graphs(dataset, rows, self.cfg.mds.graph_threshold) if self.cfg.mds.graph_attention else None
+        graphs = cluster_graphs(dataset, rows, self.cfg.mds) if self.cfg.mds.graph_attention else None
         batch = make_mds_batch(clusters, targets, graphs)
         sent_lens = [len(s) + 1 for c in clusters for u in c for s in u]
         unit_lens = [len(u) for c in clusters for u in c]
@@ -53,7 +53,7 @@ class MDSTask(AbstractiveTask):
     clusters = True
 
     def decode_inputs(self, data, idx: list[int]) -> tuple[list, list[np.ndarray] | None]:
-        graphs = cluster_graphs(data, idx, self.cfg.mds.graph_threshold) if self.cfg.mds.graph_attention else None
+        graphs = cluster_graphs(data, idx, self.cfg.mds) if self.cfg.mds.graph_attention else None
         return [data.units(i) for i in idx], graphs
 
     # ---------------------------------------------------------------- export

@@ -34,6 +34,9 @@ class MDSConfig(Section):
     max_units: int = Field(64, ge=1, le=4096)           # units per cluster the summarizer reads
     graph_attention: bool = False                       # one global head = the row-normalised unit graph
     graph_threshold: float = Field(0.2, ge=0.0, le=1.0)  # tf-idf cosine edges below this are dropped
+    # the graph's tf-idf: eq25 = N_w log(N_d / N_dw) on the units' words (Liu & Lapata, appendix eq. 25);
+    # sublinear = sublinear tf x smoothed idf on subword ids (what exports without this field were trained with)
+    graph_weighting: Literal["eq25", "sublinear"] = "eq25"
     structural_attention: bool = False                  # matrix-tree marginals over units (Chowdhury et al.)
     ranker_pool: Literal["mean", "attention"] = "attention"  # unit vector from its sentence states
     ranker_loss: Literal["regression", "listwise"] = "listwise"
