@@ -91,7 +91,7 @@ def anchor_generate(model, docs: PackedDocuments, beam: int, max_length: int, mi
         r = alive.shape[0]
         emb = model.decoder.embed(alive[:, -1], torch.full((r,), step, device=device), model.input_table())
         queries = QueryLayout(r, 1)                                  # each tiled row is its own "document"
-        hidden, context, attn = model.decoder.run(emb, lambda i: lambda qkv: cache.attend(i, qkv), queries, memory)
+        hidden, context, attn, _ = model.decoder.run(emb, lambda i: lambda qkv: cache.attend(i, qkv), queries, memory)
         logp = model.decoder.log_probs(F.linear(hidden, model.output_weight()), hidden, context, attn, emb,
                                        queries, memory[-1])
         logp += beam_scores[:, None]

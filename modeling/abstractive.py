@@ -88,6 +88,7 @@ class AbstractiveOutput:
     nll_sum: Tensor            # summed NLL without smoothing (detached)
     num_target_tokens: int     # the count nll_sum is summed over
     log_probs: Tensor | None = None  # [Nd, V] fp32 next-token log-probabilities (the copy mixture) when asked
+    coverage_loss: Tensor | None = None  # mean per target token of sum_i min(a_i, c_i) (decoder.coverage; detached)
 
 
 # ---------------------------------------------------------------------------------------------- memory
@@ -247,9 +248,14 @@ def _scale_segments(e: Tensor, total: Tensor, index: Tensor, weights: Tensor | N
 
 # ---------------------------------------------------------------------------------------------- cross-attention
 class FlatCrossAttention(nn.Module):
-    """Standard multi-head attention from the decoder to every memory token of its document."""
+    """Standard multi-head attention from the decoder to every memory token of its document.
 
-    def __init__(self, cfg: ModelConfig):
+    With `coverage` (See et al. 2017 §2.3, on the copy layer): the coverage vector c^t = sum_{t' < t} a^{t'}
+    (the sum of the earlier attention distributions, averaged over heads) enters every head's scores as
+    w_c^z c_i^t — eq. 11's w_c c_i^t, one learned scalar per head for a dot-product attention (zero at
+    start: the attention is the plain one until training moves it)."""
+
+    def __init__(self, cfg: ModelConfig, coverage: bool = False):
         super().__init__()
         h = cfg.hidden
         self.heads = cfg.heads
@@ -257,6 +263,7 @@ class FlatCrossAttention(nn.Module):
         self.q = nn.Linear(h, h)
         self.kv = nn.Linear(h, 2 * h)
         self.out = nn.Linear(h, h)
+        self.coverage = nn.Parameter(torch.zeros(cfg.heads)) if coverage else None
 
     def prepare(self, mem: SourceMemory) -> CrossCache:
         k, v = _grid_kv(self.kv(mem.states), mem.slot, tuple(mem.key_mask.shape), self.heads)
@@ -280,6 +287,38 @@ class FlatCrossAttention(nn.Module):
         p = torch.softmax(self._scores(q * self.scale, cache), dim=-1)
         out = p.to(cache.values.dtype) @ cache.values
         return self.out(_merge_heads(out)), p.mean(1)
+
+    def attend_with_coverage(self, x: Tensor, cache: CrossCache, before: Tensor | None = None,
+                             period: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """`x [B, Q, H]` -> (context [B, Q, H], token attention a [B, Q, L] (mean over heads), the coverage
+        c [B, Q, L] each query attended with). `before` given (decoding a step): every query's own coverage.
+        Otherwise (teacher forcing) the recurrence c^t = sum_{t' < t} a^{t'} runs along the query axis, from
+        zero at every `period`-th query (one target per row: period = Q; recomputed prefixes: their length)."""
+        q = _split_heads(self.q(x), self.heads)
+        s = self._scores(q * self.scale, cache)                                   # [B, h, Q, L] fp32
+        w = self.coverage.float()[None, :, None]                                  # [1, h, 1]
+        if before is not None:
+            cov = before.float()
+            p = torch.softmax(s + w[..., None] * cov[:, None], dim=-1)
+        else:
+            period = period or s.shape[2]
+            probs, covs = [], []
+            c = s.new_zeros(s.shape[0], s.shape[-1])
+            for j in range(s.shape[2]):            # a^t depends on c^t, which sums the earlier a: sequential
+                if j % period == 0:
+                    c = torch.zeros_like(c)
+                covs.append(c)
+                pj = torch.softmax(s[:, :, j] + w * c[:, None], dim=-1)           # [B, h, L]
+                probs.append(pj)
+                c = c + pj.mean(1)
+            p, cov = torch.stack(probs, 2), torch.stack(covs, 1)
+        out = p.to(cache.values.dtype) @ cache.values
+        return self.out(_merge_heads(out)), p.mean(1), cov
+
+
+def coverage_loss(attn: Tensor, coverage: Tensor) -> Tensor:
+    """See et al. 2017 eq. 12: covloss_t = sum_i min(a_i^t, c_i^t), per row `[N, L]` -> [N]."""
+    return torch.minimum(attn.float(), coverage.float()).sum(-1)
 
 
 class ParallelCrossAttention(FlatCrossAttention):
@@ -431,27 +470,47 @@ class QueryLayout:
         return g if self.index is None else g.index_select(0, self.index)
 
 
+@dataclass(frozen=True)
+class CoverageInput:
+    """How the coverage layer gets its coverage: `before [N, L]`, each row's own (decoding one step), or,
+    when None, the recurrence along each row's queries, restarted every `period` queries (teacher forcing)."""
+
+    before: Tensor | None = None
+    period: int | None = None
+
+
 class DecoderLayer(TransformerLayer):
     """Causal self-attention, cross-attention to the memory, FFN; residuals and LayerNorm post (paper) or
     pre (cfg.norm_first). The self-attention and FFN parameters are a `TransformerLayer`'s (same names as
     the pretraining decoder's layers, so they can start from them); `self_attention` is injected so that
     teacher forcing (flat causal stream) and cached decoding share every weight and every line here."""
 
-    def __init__(self, cfg: ModelConfig, cross_attention: str):
+    def __init__(self, cfg: ModelConfig, cross_attention: str, coverage: bool = False):
         super().__init__(cfg)
-        self.cross = CROSS_ATTENTION[cross_attention](cfg)
+        if coverage and cross_attention != "flat":
+            raise ValueError(f"decoder.coverage needs flat cross-attention, not {cross_attention!r}")
+        self.cross = CROSS_ATTENTION[cross_attention](cfg, coverage=True) if coverage else \
+            CROSS_ATTENTION[cross_attention](cfg)
         self.cross_norm = nn.LayerNorm(cfg.hidden)
 
     def forward(self, x: Tensor, self_attention: SelfAttention, queries: QueryLayout, memory: CrossCache,
-                want_attention: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
-        """-> (output [N, H], cross context [N, H], token attention [N, L] (mean over heads) or None)."""
+                want_attention: bool = False, coverage: "CoverageInput | None" = None
+                ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """-> (output [N, H], cross context [N, H], token attention [N, L] (mean over heads) or None, the
+        coverage [N, L] it attended with or None). `coverage` (the coverage layer only): see CoverageInput."""
         pre = self.norm_first
         h = self.attn_norm(x) if pre else x
         x = x + self.dropout(self.attn_out(self_attention(self.qkv(h))))
         if not pre:
             x = self.attn_norm(x)
         h = self.cross_norm(x) if pre else x
-        context, attn = self.cross(queries.to_grid(h), memory, want_attention)
+        cov = None
+        if coverage is not None:
+            before = None if coverage.before is None else queries.to_grid(coverage.before)
+            context, attn, cov = self.cross.attend_with_coverage(queries.to_grid(h), memory, before, coverage.period)
+            cov = queries.from_grid(cov)
+        else:
+            context, attn = self.cross(queries.to_grid(h), memory, want_attention)
         context = queries.from_grid(context)
         x = x + self.dropout(context)
         if not pre:
@@ -459,7 +518,7 @@ class DecoderLayer(TransformerLayer):
         x = x + self._ffn(self.ffn_norm(x) if pre else x)
         if not pre:
             x = self.ffn_norm(x)
-        return x, context, None if attn is None else queries.from_grid(attn)
+        return x, context, None if attn is None else queries.from_grid(attn), cov
 
 
 class KVCache:
@@ -509,6 +568,7 @@ class DecodeState:
     memory: list[CrossCache]  # per decoder layer, B documents on dim 0, never tiled over beams
     cache: KVCache            # self-attention K/V, R rows
     beams: int                # K
+    coverage: Tensor | None = None  # [R, L] fp32: the sum of each hypothesis' copy attentions so far
 
     @property
     def num_docs(self) -> int:
@@ -524,6 +584,8 @@ class DecodeState:
         if keep_docs is not None:
             self.memory = [m.select(keep_docs) for m in self.memory]
         self.cache.reorder(rows)
+        if self.coverage is not None:
+            self.coverage = self.coverage.index_select(0, rows)
 
 
 class AbstractiveDecoder(nn.Module):
@@ -542,7 +604,9 @@ class AbstractiveDecoder(nn.Module):
         self.token_embedding = (None if dec_cfg.tie_input_embeddings
                                 else nn.Embedding(cfg.vocab_size, h, padding_idx=PAD_ID))
         self.dropout = nn.Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, dec_cfg.cross_attention) for _ in range(dec_cfg.layers))
+        # coverage (See et al.) lives on the last layer: the one whose attention is the copy distribution
+        self.layers = nn.ModuleList(DecoderLayer(cfg, dec_cfg.cross_attention, dec_cfg.coverage and i == dec_cfg.layers - 1)
+                                    for i in range(dec_cfg.layers))
         self.final_norm = nn.LayerNorm(h) if cfg.norm_first else nn.Identity()
         self.output = None if dec_cfg.tie_output_embeddings else nn.Linear(h, cfg.vocab_size, bias=False)
         # p_gen = sigmoid(w . [context; decoder state; input embedding] + b)  (See et al. 2017, eq. 8)
@@ -558,16 +622,20 @@ class AbstractiveDecoder(nn.Module):
         return [layer.cross.prepare(mem) for layer in self.layers]
 
     def run(self, emb: Tensor, self_attention: Callable[[int], SelfAttention], queries: QueryLayout,
-            memory: list[CrossCache]) -> tuple[Tensor, Tensor, Tensor | None]:
+            memory: list[CrossCache], coverage: CoverageInput | None = None
+            ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
         """Decoder stack on rows `emb [N, H]` -> (final states, last layer's cross context, last layer's token
-        attention when copying)."""
+        attention when copying, the coverage it attended with when `decoder.coverage`)."""
         x = self.dropout(emb)
-        context, attn = x, None
+        context, attn, cov = x, None, None
         last = len(self.layers) - 1
+        if self.dec_cfg.coverage and coverage is None:
+            coverage = CoverageInput()
         for i, layer in enumerate(self.layers):
-            x, context, attn = layer(x, self_attention(i), queries, memory[i],
-                                     want_attention=self.copy_gate is not None and i == last)
-        return self.final_norm(x), context, attn
+            x, context, attn, cov = layer(x, self_attention(i), queries, memory[i],
+                                          want_attention=self.copy_gate is not None and i == last,
+                                          coverage=coverage if i == last and self.dec_cfg.coverage else None)
+        return self.final_norm(x), context, attn, cov
 
     def log_probs(self, logits: Tensor, hidden: Tensor, context: Tensor, attn: Tensor | None, emb: Tensor,
                   queries: QueryLayout, memory: CrossCache) -> Tensor:
@@ -654,8 +722,8 @@ class HibertAbstractive(nn.Module):
         queries = QueryLayout(batch.num_docs, batch.max_target_len, batch.dec_index)
         emb = self.decoder.embed(batch.dec_tokens, batch.dec_pos, self.input_table())
         heads = self.decoder.heads
-        hidden, context, attn = self.decoder.run(emb, lambda i: lambda qkv: attention(qkv, layout, heads),
-                                                 queries, memory)
+        hidden, context, attn, cov = self.decoder.run(emb, lambda i: lambda qkv: attention(qkv, layout, heads),
+                                                      queries, memory)
         logits = F.linear(hidden, self.output_weight())
         if self.decoder.copy_gate is None:  # plain softmax: token_losses takes the logits as they are
             loss, nll_sum = token_losses(logits, batch.dec_labels, batch.num_target_tokens, label_smoothing)
@@ -663,7 +731,12 @@ class HibertAbstractive(nn.Module):
         else:  # the mixture's log-probs: token_losses' log_softmax of normalised log-probs changes nothing
             logp = self.decoder.log_probs(logits, hidden, context, attn, emb, queries, memory[-1])
             loss, nll_sum = token_losses(logp, batch.dec_labels, batch.num_target_tokens, label_smoothing)
-        return AbstractiveOutput(loss, nll_sum, batch.num_target_tokens, logp if return_log_probs else None)
+        cov_loss = None
+        if cov is not None:  # eq. 13: loss_t = -log P(w*_t) + lambda sum_i min(a_i^t, c_i^t), over target tokens
+            cov_loss = coverage_loss(attn, cov).sum() / max(batch.num_target_tokens, 1)
+            loss = loss + self.dec_cfg.coverage_loss_weight * cov_loss
+        return AbstractiveOutput(loss, nll_sum, batch.num_target_tokens, logp if return_log_probs else None,
+                                 None if cov_loss is None else cov_loss.detach())
 
     # ------------------------------------------------------------------ incremental decoding
     def start_decoding(self, docs: PackedDocuments, beams: int, max_len: int) -> DecodeState:
@@ -671,8 +744,13 @@ class HibertAbstractive(nn.Module):
         B x `beams` hypotheses of up to `max_len` decoder inputs (BOS included)."""
         self._check_positions(max_len)
         memory = self.encode(docs)
-        cache = KVCache(len(self.decoder.layers), memory[0].keys.shape[0] * beams, self.decoder.heads, max_len)
-        return DecodeState(memory, cache, beams)
+        rows = memory[0].keys.shape[0] * beams
+        cache = KVCache(len(self.decoder.layers), rows, self.decoder.heads, max_len)
+        coverage = None
+        if self.dec_cfg.coverage:
+            coverage = torch.zeros(rows, memory[-1].key_mask.shape[-1], dtype=torch.float32,
+                                   device=memory[-1].key_mask.device)
+        return DecodeState(memory, cache, beams, coverage)
 
     def decode_step(self, tokens: Tensor, state: DecodeState) -> Tensor:
         """Next-token log-probs [R, V] (fp32) of R = B x K hypotheses (document-major) given their last
@@ -682,9 +760,12 @@ class HibertAbstractive(nn.Module):
         emb = self.decoder.embed(tokens, pos, self.input_table())
         queries = QueryLayout(b, k)  # beams folded into the query axis of cross-attention
         cache = state.cache
-        hidden, context, attn = self.decoder.run(emb, lambda i: lambda qkv: cache.attend(i, qkv), queries,
-                                                 state.memory)
+        coverage = None if state.coverage is None else CoverageInput(before=state.coverage)
+        hidden, context, attn, _ = self.decoder.run(emb, lambda i: lambda qkv: cache.attend(i, qkv), queries,
+                                                    state.memory, coverage)
         cache.length += 1
+        if state.coverage is not None:
+            state.coverage = state.coverage + attn.float()
         logits = F.linear(hidden, self.output_weight())
         return self.decoder.log_probs(logits, hidden, context, attn, emb, queries, state.memory[-1])
 
@@ -699,8 +780,8 @@ class HibertAbstractive(nn.Module):
         layout = Layout(r, t, causal=True)
         queries = QueryLayout(b, r // b * t)
         heads = self.decoder.heads
-        hidden, context, attn = self.decoder.run(emb, lambda i: lambda qkv: attention(qkv, layout, heads),
-                                                 queries, memory)
+        hidden, context, attn, _ = self.decoder.run(emb, lambda i: lambda qkv: attention(qkv, layout, heads),
+                                                    queries, memory, CoverageInput(period=t))
         last = torch.arange(r, device=prefix.device) * t + t - 1
         pick = lambda x: None if x is None else x.index_select(0, last)  # noqa: E731
         # the copy mixture of the kept rows: one query per hypothesis on a [B, K] grid

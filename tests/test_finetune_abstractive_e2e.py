@@ -71,11 +71,15 @@ def test_kill9_then_resume_is_bit_identical(reference, tiny_data, tmp_path):
 
 
 def test_zero3_with_tied_embeddings_trains_and_exports(tiny_data, tmp_path):
+    """ZeRO-3 with the tied table, copy and See et al.'s coverage (its loss summed across the 2 ranks)."""
     run_hibert(["finetune", *overrides(tmp_path, "z3", tiny_data, **{
-        "deepspeed.zero_stage": 3, "schedule.max_steps": 3, "schedule.eval_every": 3, "decoder.copy": True}),
-        "--init", "random", "--nproc", "2"], timeout=300)
+        "deepspeed.zero_stage": 3, "schedule.max_steps": 3, "schedule.eval_every": 3, "decoder.copy": True,
+        "decoder.coverage": True, "decoder.cross_attention": "flat"}), "--init", "random", "--nproc", "2"], timeout=300)
     w = weights(tmp_path / "z3")
     assert all(np.isfinite(v.numpy()).all() for v in w.values())
+    assert any(k.endswith("cross.coverage") for k in w)
+    cov = metric_history(tmp_path, "z3", "valid_coverage_loss")
+    assert cov and all(0 < c < 100 for c in cov)
 
 
 def test_evaluate_reports_abstractive_stats_and_pairs_other_runs(reference, tmp_path):

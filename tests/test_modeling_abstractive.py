@@ -11,8 +11,8 @@ from hibert.config.abstractive import DecoderConfig, GenerationConfig
 from hibert.config.model import ModelConfig
 from hibert.tokens import BOS_ID, EOS_ID, PAD_ID, SEP_ID
 from hibert.modeling import HibertExtractive, HibertForPretraining
-from hibert.modeling.abstractive import (HibertAbstractive, ParallelCrossAttention, VerticalCrossAttention, copy_mixture,
-                                  QueryLayout, make_abstractive_batch, segment_softmax, source_memory)
+from hibert.modeling.abstractive import (HibertAbstractive, ParallelCrossAttention, QueryLayout, VerticalCrossAttention,
+                                  copy_mixture, coverage_loss, make_abstractive_batch, segment_softmax, source_memory)
 from hibert.modeling.packing import pack_documents
 
 V = 64
@@ -32,11 +32,17 @@ def random_targets(seed: int, n: int, max_len: int = 10) -> list:
     return [rng.integers(5, V, rng.integers(0, max_len + 1)) for _ in range(n)]
 
 
-def tiny_model(cross: str = "flat", copy: bool = False, norm_first: bool = False, seed: int = 0, **kw):
+def tiny_model(cross: str = "flat", copy: bool | str = False, norm_first: bool = False, seed: int = 0, **kw):
+    """copy="coverage": copy with See et al.'s coverage, its per-head weights set away from their zero start."""
     torch.manual_seed(seed)
-    dec = DecoderConfig(**{"layers": 2, "dropout": 0.0, "cross_attention": cross, "copy": copy,
-                           "norm_first": norm_first, "max_positions": 64, **kw})
-    return HibertAbstractive(CFG, dec).eval()
+    coverage = copy == "coverage"
+    dec = DecoderConfig(**{"layers": 2, "dropout": 0.0, "cross_attention": cross, "copy": bool(copy),
+                           "coverage": coverage, "norm_first": norm_first, "max_positions": 64, **kw})
+    model = HibertAbstractive(CFG, dec).eval()
+    if coverage:
+        with torch.no_grad():
+            model.decoder.layers[-1].cross.coverage.copy_(torch.tensor([2.0, -3.0]))
+    return model
 
 
 @torch.no_grad()
@@ -96,7 +102,7 @@ def _teacher_forced(model, docs, targets):
     return batch, out.log_probs
 
 
-@pytest.mark.parametrize("cross,copy,norm_first", VARIANTS)
+@pytest.mark.parametrize("cross,copy,norm_first", VARIANTS + [("flat", "coverage", False)])
 def test_cached_decoding_equals_teacher_forcing(cross, copy, norm_first):
     """K=2 beams per document (two different targets each): every step's log-probs from the KV cache
     (beams folded into cross-attention's query axis) equal the teacher-forced forward, and so does the
@@ -125,7 +131,7 @@ def test_cached_decoding_equals_teacher_forcing(cross, copy, norm_first):
     assert worst < 1e-5 and worst_prefix < 1e-5
 
 
-@pytest.mark.parametrize("cross,copy,norm_first", VARIANTS[::2] + [("pht", True, False)])
+@pytest.mark.parametrize("cross,copy,norm_first", VARIANTS[::2] + [("pht", True, False), ("flat", "coverage", True)])
 def test_kv_cache_reorder_follows_backpointers(cross, copy, norm_first):
     """After `reorder(rows)` (beam backpointers + a dropped document) the cache continues exactly like a
     fresh decode of the reordered prefixes."""
@@ -411,3 +417,66 @@ def test_config_bounds():
     assert DecoderConfig.model_validate(DecoderConfig(copy=True).model_dump()).copy is True
     with pytest.raises(ValueError):
         HibertAbstractive(CFG, DecoderConfig(heads=3))  # 3 does not divide hidden 32
+
+
+# ---------------------------------------------------------------------------------------------- coverage
+def test_coverage_attention_is_see_et_al_eq_10_11_by_hand():
+    """c^t = sum_{t' < t} a^{t'} (eq. 10) and a^t = mean over heads z of softmax(q^z k^z / sqrt(d) + w_c^z c^t)
+    (eq. 11, the dot-product form), recomputed query by query with plain ops."""
+    docs, mem, x = _memory_and_queries()
+    model = tiny_model("flat", copy="coverage")
+    cross = model.decoder.layers[-1].cross
+    with torch.no_grad():
+        context, attn, cov = cross.attend_with_coverage(x, cross.prepare(mem))
+        q = cross.q(x).view(2, 3, 2, 16).transpose(1, 2)                       # [B, h, Q, d]
+        k, v = cross.kv(mem.states).chunk(2, -1)
+        width = mem.key_mask.shape[1]
+        for b in range(2):
+            keys = mem.key_mask[b]
+            mine = mem.slot // width == b                                         # document b's memory tokens
+            kb = torch.zeros(width, CFG.hidden).index_copy(0, mem.slot[mine] % width, k[mine])
+            vb = torch.zeros(width, CFG.hidden).index_copy(0, mem.slot[mine] % width, v[mine])
+            c = torch.zeros(keys.shape[0])
+            for t in range(3):
+                torch.testing.assert_close(cov[b, t], c)
+                heads = []
+                for z in range(2):
+                    s = q[b, z, t] @ kb[:, z * 16:(z + 1) * 16].T / 4.0 + cross.coverage[z] * c
+                    heads.append(torch.softmax(s.masked_fill(~keys, -math.inf), -1))
+                a = torch.stack(heads).mean(0)
+                torch.testing.assert_close(attn[b, t], a, atol=1e-6, rtol=1e-5)
+                ctx = torch.cat([heads[z] @ vb[:, z * 16:(z + 1) * 16] for z in range(2)])
+                torch.testing.assert_close(context[b, t], cross.out(ctx), atol=1e-5, rtol=1e-5)
+                c = c + a
+        # a coverage given per query (a decoding step) is used as it is
+        given = torch.rand(2, 3, mem.key_mask.shape[1])
+        _, a2, c2 = cross.attend_with_coverage(x, cross.prepare(mem), before=given)
+        assert torch.equal(c2, given) and not torch.allclose(a2, attn)
+
+
+def test_coverage_loss_hand_case_and_in_the_training_loss():
+    """eq. 12: covloss_t = sum_i min(a_i^t, c_i^t); eq. 13: loss = NLL + lambda covloss, per target token."""
+    a = torch.tensor([[0.5, 0.3, 0.2]])
+    c = torch.tensor([[0.1, 0.6, 0.0]])
+    torch.testing.assert_close(coverage_loss(a, c), torch.tensor([0.4]))
+    docs, targets = random_docs(7), random_targets(8, 3)
+    batch = make_abstractive_batch(docs, targets)
+    outs = {}
+    for weight in (0.0, 1.0, 2.5):
+        model = tiny_model("flat", copy="coverage", coverage_loss_weight=weight)
+        with torch.no_grad():
+            outs[weight] = model(batch)
+    cov = outs[1.0].coverage_loss
+    assert cov is not None and float(cov) > 0 and torch.equal(outs[0.0].coverage_loss, cov)
+    torch.testing.assert_close(outs[1.0].loss, outs[0.0].loss + cov)
+    torch.testing.assert_close(outs[2.5].loss, outs[0.0].loss + 2.5 * cov)
+    torch.testing.assert_close(outs[0.0].loss, outs[0.0].nll_sum / batch.num_target_tokens)
+    with torch.no_grad():
+        assert tiny_model("flat", copy=True)(batch).coverage_loss is None
+
+
+def test_coverage_needs_flat_copy_attention():
+    with pytest.raises(ValueError, match="needs decoder.copy"):
+        DecoderConfig(coverage=True)
+    with pytest.raises(ValueError, match="flat cross-attention"):
+        DecoderConfig(coverage=True, copy=True, cross_attention="pht")

@@ -47,6 +47,8 @@ class AbstractiveTask(EncoderHead, TokenNLLTask):
         self.init_state, self.init_decoder_state = init_state, init_decoder_state
         self._word_start: np.ndarray | None = None
         self.reads_clusters = False   # the flat multi-document baseline: ranked units back to back
+        if cfg.decoder.coverage:      # every rank has the same config: the stat all-reduces line up
+            self.stat_keys = (*TokenNLLTask.stat_keys, "coverage_sum")
 
 
 

@@ -26,10 +26,22 @@ with warnings.catch_warnings():
         # Ma & Zong's parallel (PHT, eq. 7-10) / vertical (VHT, eq. 11-13) hierarchical attention
         cross_attention: Literal["flat", "pht", "vht"] = "flat"
         copy: bool = False                        # pointer-generator (See et al. 2017) over source subwords
+        # See et al.'s coverage (eq. 10-13) on the copy attention: coverage vector in its scores + coverage loss
+        coverage: bool = False
+        coverage_loss_weight: float = Field(1.0, ge=0.0, le=100.0)  # lambda of eq. 13 (See et al.: 1)
         tie_input_embeddings: bool = True         # target embeddings = the HIBERT token table
         tie_output_embeddings: bool = True        # vocabulary projection = the (decoder's) input table
         add_sentence_vectors: bool = True         # memory token state + its sentence's document-level vector
         # (rules that involve model.hidden/heads are checked where both are known: modeling.abstractive)
+
+        @model_validator(mode="after")
+        def _coverage(self) -> "DecoderConfig":
+            if self.coverage and not self.copy:
+                raise ValueError("decoder.coverage is See et al.'s coverage of the copy attention: it needs "
+                                 "decoder.copy: true")
+            if self.coverage and self.cross_attention != "flat":
+                raise ValueError(f"decoder.coverage runs on flat cross-attention, not {self.cross_attention!r}")
+            return self
 
 
 def _flag(flag: str, help_text: str) -> dict:

@@ -124,12 +124,18 @@ class TokenNLLTask(Task):
 
     def loss(self, engine, item: LoaderItem):
         out = engine(item.batch, **self.forward_kwargs())
-        return out.loss, {"nll_sum": out.nll_sum.detach().double(),
-                          "num_target_tokens": torch.as_tensor(out.num_target_tokens, dtype=torch.float64)}
+        stats = {"nll_sum": out.nll_sum.detach().double(),
+                 "num_target_tokens": torch.as_tensor(out.num_target_tokens, dtype=torch.float64)}
+        if "coverage_sum" in self.stat_keys:  # a model with See et al.'s coverage loss reports it too
+            stats["coverage_sum"] = out.coverage_loss.double() * out.num_target_tokens
+        return out.loss, stats
 
     def summarize(self, sums: dict[str, float], prefix: str) -> dict[str, float]:
         n = sums.get("num_target_tokens", 0.0)
         if n <= 0:
             return {}
         nll = sums["nll_sum"] / n
-        return {f"{prefix}loss": nll, f"{prefix}ppl": math.exp(min(nll, 50.0))}
+        out = {f"{prefix}loss": nll, f"{prefix}ppl": math.exp(min(nll, 50.0))}
+        if "coverage_sum" in sums:
+            out[f"{prefix}coverage_loss"] = sums["coverage_sum"] / n
+        return out
