@@ -2,9 +2,12 @@
 
 Each argument names a report (`report.json`, its directory, or a run directory holding
 `report-<split>/report.json`), optionally `NAME=` in front and `#SYSTEM` behind to pick a row other than the
-model (`lead=runs/mds/mds-hibert#lead_ranked`). The first is the reference: every other one is paired with it
-over the documents both reports hold (by document id), F1 of ROUGE-1/2/L/Lsum, difference with its 95% CI and
-a two-sided p-value, as `hibert evaluate --compare` does.
+model (`lead=runs/mds/mds-hibert#lead_ranked`). Reports given the same NAME are one system trained with
+different seeds (`pre=runs/seed{1,2,3}/ext` in bash): its scores are averaged over seeds per document, the
+table gives the spread of its per-seed means (mean ± sd), and the paired test resamples documents and seeds.
+The first system is the reference: every other one is paired with it over the documents all their reports
+hold (by document id), F1 of ROUGE-1/2/L/Lsum, difference with its 95% CI, a two-sided p-value and what the
+interval allows one to say ("no measurable difference" where it crosses 0).
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import numpy as np
 
 from hibert.errors import UserError
 from hibert.finetune.base.report import HEADLINE, compared_reports
-from hibert.finetune.base.rouge import bootstrap_ci, format_p, paired_bootstrap
+from hibert.finetune.base.rouge import bootstrap_ci, format_p, seeded_paired_bootstrap, verdict
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,50 +48,91 @@ def load_system(item: str, split: str) -> tuple[str, dict[str, Any], list[str]]:
     return (name or (label if system == "model" else f"{label}#{system}")), per_doc[system], per_doc["doc_ids"]
 
 
-def compare(items: list[str], split: str, n_resamples: int) -> dict[str, Any]:
+def group_seeds(items: list[str], split: str) -> dict[str, list[tuple[dict[str, Any], list[str]]]]:
+    """{system name: [(per-document scores, document ids) of each of its seeds]}, in the order first named."""
+    groups: dict[str, list[tuple[dict[str, Any], list[str]]]] = {}
+    for item in items:
+        name, scores, ids = load_system(item, split)
+        groups.setdefault(name, []).append((scores, ids))
+    return groups
 
-    systems = [load_system(item, split) for item in items]
-    ref_name, ref_scores, ref_ids = systems[0]
+
+def _common(runs: list[tuple[dict[str, Any], list[str]]], metric: str, ids: list[str]) -> np.ndarray:
+    """[seeds, len(ids)] scores of one system's seeds on the documents `ids`."""
+    return np.stack([np.asarray(scores[metric], dtype=np.float64)[[{d: i for i, d in enumerate(own)}[d] for d in ids]]
+                     for scores, own in runs])
+
+
+def _shared_ids(*groups: list[tuple[dict[str, Any], list[str]]]) -> list[str]:
+    """Document ids every report of every group holds, in the first report's order."""
+    first = groups[0][0][1]
+    held = set(first)
+    for runs in groups:
+        for _, ids in runs:
+            held &= set(ids)
+    return [d for d in first if d in held]
+
+
+def compare(items: list[str], split: str, n_resamples: int) -> dict[str, Any]:
+    groups = group_seeds(items, split)
+    if len(groups) < 2:
+        raise UserError("hibert compare: name at least two systems (reports under one NAME are its seeds)")
+    names = list(groups)
+    ref_name = names[0]
     out: dict[str, Any] = {"reference": ref_name, "systems": {}, "paired": {}}
-    for name, scores, ids in systems:
-        out["systems"][name] = {m: dict(zip(("mean", "low", "high"), (float(np.mean(scores[m])),
-                                                                      *bootstrap_ci(np.asarray(scores[m]), n_resamples))))
-                                for m in HEADLINE}
-        out["systems"][name]["documents"] = len(ids)
-    where = {d: i for i, d in enumerate(ref_ids)}
-    for name, scores, ids in systems[1:]:
-        common = [(where[d], j) for j, d in enumerate(ids) if d in where]
-        if not common:
+    for name, runs in groups.items():
+        ids = _shared_ids(runs)
+        if not ids:
+            raise UserError(f"hibert compare: the {len(runs)} reports of {name} share no documents")
+        row: dict[str, Any] = {"documents": len(ids), "seeds": len(runs)}
+        for m in HEADLINE:
+            per_seed = _common(runs, m, ids)                        # [seeds, documents]
+            seed_means = per_seed.mean(1)
+            low, high = bootstrap_ci(per_seed.mean(0), n_resamples)
+            row[m] = {"mean": float(seed_means.mean()), "low": low, "high": high,
+                      "seed_means": [float(x) for x in seed_means],
+                      "seed_sd": float(seed_means.std(ddof=1)) if len(runs) > 1 else None}
+        out["systems"][name] = row
+    for name in names[1:]:
+        ids = _shared_ids(groups[ref_name], groups[name])
+        if not ids:
             raise UserError(f"hibert compare: {name} shares no documents with {ref_name}")
-        a_idx, b_idx = (list(x) for x in zip(*common))
-        out["paired"][f"{name}-{ref_name}"] = {
-            "documents": len(common),
-            **{m: paired_bootstrap(np.asarray(scores[m])[b_idx], np.asarray(ref_scores[m])[a_idx], n_resamples)
-               for m in HEADLINE}}
+        pair: dict[str, Any] = {"documents": len(ids), "seeds": [len(groups[name]), len(groups[ref_name])]}
+        for m in HEADLINE:
+            pair[m] = seeded_paired_bootstrap(_common(groups[name], m, ids), _common(groups[ref_name], m, ids),
+                                              n_resamples)
+            pair[m]["verdict"] = verdict(pair[m]["low"], pair[m]["high"])
+        out["paired"][f"{name}-{ref_name}"] = pair
     return out
 
 
 def render(result: dict[str, Any]) -> str:
-
     heads = [m.replace("_f", "") for m in HEADLINE]
-    lines = ["| system | documents | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(heads)]
+    lines = ["| system | documents | seeds | " + " | ".join(heads) + " |", "|---|---|---|" + "---|" * len(heads)]
     for name, sc in result["systems"].items():
-        lines.append(f"| {name} | {sc['documents']} | "
-                     + " | ".join(f"{sc[m]['mean']:.2f} [{sc[m]['low']:.2f}, {sc[m]['high']:.2f}]" for m in HEADLINE)
-                     + " |")
-    lines += ["", f"Paired bootstrap against {result['reference']} (difference of F1, 95% CI, two-sided p):", "",
-              "| pair | documents | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(heads)]
+        def cell(m: str) -> str:
+            text = f"{sc[m]['mean']:.2f} [{sc[m]['low']:.2f}, {sc[m]['high']:.2f}]"
+            return text + (f" ± {sc[m]['seed_sd']:.2f}" if sc[m]["seed_sd"] is not None else "")
+        lines.append(f"| {name} | {sc['documents']} | {sc['seeds']} | " + " | ".join(cell(m) for m in HEADLINE) + " |")
+    lines += ["", "Mean over seeds and documents [95% CI over documents] ± sd of the per-seed means.", "",
+              f"Paired bootstrap against {result['reference']} over documents and seeds (difference of F1, 95% CI, "
+              "two-sided p):", "",
+              "| pair | documents | seeds | " + " | ".join(heads) + " | ROUGE-1 reads |",
+              "|---|---|---|" + "---|" * (len(heads) + 1)]
     for pair, by_metric in result["paired"].items():
-        lines.append(f"| {pair} | {by_metric['documents']} | " + " | ".join(
+        lines.append(f"| {pair} | {by_metric['documents']} | {'/'.join(map(str, by_metric['seeds']))} | " + " | ".join(
             f"{by_metric[m]['diff']:+.2f} [{by_metric[m]['low']:+.2f}, {by_metric[m]['high']:+.2f}] "
-            + format_p(by_metric[m]["p_value"], by_metric[m]["resamples"]) for m in HEADLINE) + " |")
+            + format_p(by_metric[m]["p_value"], by_metric[m]["resamples"]) for m in HEADLINE)
+            + f" | {by_metric[HEADLINE[0]]['verdict']} |")
+    if any(sc["seeds"] == 1 for sc in result["systems"].values()):
+        lines += ["", "One seed behind some system: its interval carries document variance only, and a second seed "
+                      "of the same model can move it by more than the differences above; do not read an "
+                      "ordering from it."]
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        if len(args.reports) < 2:
-            raise UserError("hibert compare: name at least two reports (the first is the reference)")
         result = compare(args.reports, args.split, args.bootstrap)
     except UserError as e:
         print(e, file=sys.stderr)

@@ -39,6 +39,7 @@ from hibert.modeling.layers import (
 )
 from hibert.modeling.packing import Document, PackedDocuments, Sentence, TensorBundle, pack_documents, round_up
 from hibert.modeling.pretraining import _decoder_fields, token_losses
+from hibert.modeling.structural import StructuralContext
 from hibert.tokens import BOS_ID, EOS_ID, MASK_ID, PAD_ID, SEP_ID
 
 SelfAttention = Callable[[Tensor], Tensor]  # qkv [N, 3H] -> attended values [N, H] (before attn_out)
@@ -107,6 +108,7 @@ class SourceMemory:
     sentences: Tensor       # [B, D, H] document-level sentence vectors (zeros at padding)
     sentence_mask: Tensor   # [B, D] bool
     rank: Tensor            # [D, H] sinusoidal embedding of sentence positions (Ma & Zong eq. 6, 11: R)
+    structure: Tensor | None = None  # [B, D, H] structure-infused unit vectors (mds structural attention)
 
     @property
     def num_docs(self) -> int:
@@ -148,12 +150,14 @@ def source_memory(encoded: EncoderOutput, add_sentence_vectors: bool, pad_to_mul
     if add_sentence_vectors:
         states = states + encoded.sentence_states.index_select(0, rows)
     sentences, sentence_mask = encoded.sentences_by_document()
+    structure = None if encoded.structure is None else encoded.sentences_by_document(encoded.structure)[0]
     return SourceMemory(
         states=states, slot=slot, sentence_slot=sentence_slot, key_mask=key_mask, token_mask=token_mask,
         ids=grid(PAD_ID, ids),
         grid_ids=ids.new_full((b * d * t,), PAD_ID).index_copy(0, sentence_slot, ids).view(b, d * t),
         segment=grid(0, sent_pos), sentences=sentences, sentence_mask=sentence_mask,
         rank=sinusoidal_table(d, states.shape[1]).to(device=states.device, dtype=sentences.dtype),
+        structure=structure,
     )
 
 
@@ -173,6 +177,9 @@ class CrossCache(TensorBundle):
     rank: Tensor | None = None         # [B, D, 2H] VHT: the sentence-position embeddings R (eq. 11) and `out`'s bias
                                        # through `sent_kv` (the same for every query: projected once per batch)
     key_bias: Tensor | None = None     # [B, 1, 1, L] 0 / -inf: the key mask as SDPA's cheaper additive form
+    struct_keys: Tensor | None = None    # [B, heads, D, d] the decoder's structural context (last layer's cache)
+    struct_values: Tensor | None = None
+    struct_bias: Tensor | None = None    # [B, 1, 1, D]
 
     def select(self, docs: Tensor) -> "CrossCache":
         return self._map(lambda t: t.index_select(0, docs))
@@ -593,7 +600,7 @@ class AbstractiveDecoder(nn.Module):
     positions), `DecoderLayer`s, a final LayerNorm when pre-LN, and the output head: a (tied) vocabulary
     projection, optionally mixed with a copy distribution over the source (pointer-generator)."""
 
-    def __init__(self, enc_cfg: ModelConfig, dec_cfg: DecoderConfig):
+    def __init__(self, enc_cfg: ModelConfig, dec_cfg: DecoderConfig, structural_context: bool = False):
         super().__init__()
         cfg = decoder_model_config(enc_cfg, dec_cfg)
         self.cfg, self.dec_cfg = cfg, dec_cfg
@@ -611,6 +618,8 @@ class AbstractiveDecoder(nn.Module):
         self.output = None if dec_cfg.tie_output_embeddings else nn.Linear(h, cfg.vocab_size, bias=False)
         # p_gen = sigmoid(w . [context; decoder state; input embedding] + b)  (See et al. 2017, eq. 8)
         self.copy_gate = nn.Linear(3 * h, 1) if dec_cfg.copy else None
+        # Chowdhury et al.: a context over the structure-infused unit vectors feeds P_vocab and p_gen (mds)
+        self.structure = StructuralContext(h, cfg.heads) if structural_context else None
         self.apply(init_weights)
 
     def embed(self, ids: Tensor, positions: Tensor, table: Tensor) -> Tensor:
@@ -618,8 +627,27 @@ class AbstractiveDecoder(nn.Module):
         return F.embedding(ids, table) * self.embed_scale + self.positions[positions].to(table.dtype)
 
     def prepare(self, mem: SourceMemory) -> list[CrossCache]:
-        """Every layer's projected memory, once per batch of documents."""
-        return [layer.cross.prepare(mem) for layer in self.layers]
+        """Every layer's projected memory, once per batch of documents (the last layer's cache also holds the
+        structural context's keys and values)."""
+        caches = [layer.cross.prepare(mem) for layer in self.layers]
+        if self.structure is not None:
+            if mem.structure is None:
+                raise ValueError("the decoder's structural context needs structure-infused unit vectors "
+                                 "(mds.structural_attention)")
+            last = caches[-1]
+            last.struct_keys, last.struct_values, last.struct_bias = self.structure.prepare(
+                mem.structure, mem.sentences, mem.sentence_mask)
+        return caches
+
+    def vocab_logits(self, hidden: Tensor, context: Tensor, queries: QueryLayout, memory: CrossCache,
+                     weight: Tensor) -> tuple[Tensor, Tensor]:
+        """(vocabulary logits [N, V], the context p_gen reads). With the structural context (Chowdhury et al.),
+        c_struct joins the state the vocabulary is projected from and replaces the cross context in p_gen."""
+        if self.structure is None:
+            return F.linear(hidden, weight), context
+        c = queries.from_grid(self.structure(queries.to_grid(hidden), memory.struct_keys, memory.struct_values,
+                                             memory.struct_bias))
+        return F.linear(hidden + c, weight), c
 
     def run(self, emb: Tensor, self_attention: Callable[[int], SelfAttention], queries: QueryLayout,
             memory: list[CrossCache], coverage: CoverageInput | None = None
@@ -724,7 +752,7 @@ class HibertAbstractive(nn.Module):
         heads = self.decoder.heads
         hidden, context, attn, cov = self.decoder.run(emb, lambda i: lambda qkv: attention(qkv, layout, heads),
                                                       queries, memory)
-        logits = F.linear(hidden, self.output_weight())
+        logits, context = self.decoder.vocab_logits(hidden, context, queries, memory[-1], self.output_weight())
         if self.decoder.copy_gate is None:  # plain softmax: token_losses takes the logits as they are
             loss, nll_sum = token_losses(logits, batch.dec_labels, batch.num_target_tokens, label_smoothing)
             logp = torch.log_softmax(logits.float(), -1) if return_log_probs else None
@@ -766,7 +794,7 @@ class HibertAbstractive(nn.Module):
         cache.length += 1
         if state.coverage is not None:
             state.coverage = state.coverage + attn.float()
-        logits = F.linear(hidden, self.output_weight())
+        logits, context = self.decoder.vocab_logits(hidden, context, queries, state.memory[-1], self.output_weight())
         return self.decoder.log_probs(logits, hidden, context, attn, emb, queries, state.memory[-1])
 
     def decode_prefix(self, prefix: Tensor, memory: list[CrossCache]) -> Tensor:
@@ -785,6 +813,6 @@ class HibertAbstractive(nn.Module):
         last = torch.arange(r, device=prefix.device) * t + t - 1
         pick = lambda x: None if x is None else x.index_select(0, last)  # noqa: E731
         # the copy mixture of the kept rows: one query per hypothesis on a [B, K] grid
-        hidden = pick(hidden)
-        return self.decoder.log_probs(F.linear(hidden, self.output_weight()), hidden, pick(context), pick(attn),
-                                      pick(emb), QueryLayout(b, r // b), memory[-1])
+        hidden, kept = pick(hidden), QueryLayout(b, r // b)
+        logits, context = self.decoder.vocab_logits(hidden, pick(context), kept, memory[-1], self.output_weight())
+        return self.decoder.log_probs(logits, hidden, context, pick(attn), pick(emb), kept, memory[-1])

@@ -19,6 +19,7 @@ class EncoderOutput:
     token_flat: Tensor        # [N, H] sentence-level states of the computed token slots (stream order)
     sentence_states: Tensor   # [S, H] document-level, context-sensitive sentence states, rows of docs.tokens
     docs: PackedDocuments
+    structure: Tensor | None = None  # [S, H] structure-infused vectors of the same rows (mds structural attention)
 
     @property
     def token_states(self) -> Tensor:
@@ -29,11 +30,12 @@ class EncoderOutput:
             flat = flat.new_zeros(s * t, flat.shape[1]).index_copy(0, self.docs.token_index, flat)
         return flat.view(s, t, -1)
 
-    def sentences_by_document(self) -> tuple[Tensor, Tensor]:
-        """`[B, D, H]` sentence states per document (zeros at padding) and the `[B, D]` mask of real ones."""
+    def sentences_by_document(self, rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """`[B, D, H]` sentence states (or other per-sentence `rows [S, H]`) per document (zeros at padding) and
+        the `[B, D]` mask of real ones."""
         d = self.docs
         b, width = d.doc_mask.shape
-        flat = self.sentence_states
+        flat = self.sentence_states if rows is None else rows
         if d.sent_slot is not None:
             flat = flat.new_zeros(b * width, flat.shape[1]).index_copy(0, d.sent_slot, flat)
         return flat.view(b, width, -1), d.doc_mask

@@ -83,7 +83,8 @@ class GlobalLayer(nn.Module):
     """Pre-LN: x + dropout(context of x's unit), then x + FFN(LN(x))."""
 
     def __init__(self, hidden: int, heads: int, ffn: int, dropout: float, graph_attention: bool = False,
-                 structural_attention: bool = False, form: Literal["liu_lapata", "v0"] = "liu_lapata"):
+                 structural_attention: bool = False, form: Literal["liu_lapata", "v0"] = "liu_lapata",
+                 structural_split: bool = True, structural_root: bool = True):
         super().__init__()
         if hidden % heads:
             raise ValueError(f"global heads ({heads}) must divide hidden ({hidden})")
@@ -98,7 +99,8 @@ class GlobalLayer(nn.Module):
         else:
             raise ValueError(f"unknown global layer form {form!r} (liu_lapata, v0)")
         self.out = nn.Linear(hidden, hidden)
-        self.structure = StructuralAttention(hidden) if structural_attention else None
+        self.structure = (StructuralAttention(hidden, structural_split, structural_root) if structural_attention
+                          else None)
         self.ffn_norm = nn.LayerNorm(hidden)
         self.ffn_in, self.ffn_out = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
         self.dropout = nn.Dropout(dropout)
@@ -124,18 +126,27 @@ class GlobalLayer(nn.Module):
         return weights, v
 
     def forward(self, x: Tensor, layout: UnitLayout, graph: Tensor | None = None) -> Tensor:
+        return self.forward_with_structure(x, layout, graph)[0]
+
+    def forward_with_structure(self, x: Tensor, layout: UnitLayout, graph: Tensor | None = None
+                               ) -> tuple[Tensor, Tensor | None]:
+        """-> (updated tokens [N, H], the structure-infused unit vectors [U, H] when structural attention is
+        on, else None)."""
         pooled, _ = self.pool(self.norm(x), layout)                      # [U, heads, d]
         weights, values = self.unit_weights(pooled, layout, graph)
         ctx = (weights @ values).transpose(1, 2).reshape(layout.num_clusters * layout.max_units, -1)
         ctx = self.out(ctx)
+        structure = None
         if self.structure is not None:                                   # over the pooled heads, concatenated
             c, w = layout.num_clusters, layout.max_units
             units = pooled.new_zeros(c * w, pooled.shape[1] * pooled.shape[2]).index_copy(
                 0, layout.unit_slot, pooled.flatten(1)).view(c, w, -1)
-            ctx = ctx + self.structure(units, layout.unit_mask).reshape_as(ctx)
+            structure = self.structure(units, layout.unit_mask).reshape_as(ctx)
+            ctx = ctx + structure
+            structure = structure.index_select(0, layout.unit_slot)
         per_unit = ctx.index_select(0, layout.unit_slot)                 # [U, H]
         x = x + self.dropout(per_unit.index_select(0, layout.token_unit))
-        return x + self.dropout(self.ffn_out(F.relu(self.ffn_in(self.ffn_norm(x)))))
+        return x + self.dropout(self.ffn_out(F.relu(self.ffn_in(self.ffn_norm(x))))), structure
 
 
 def graph_weights(graph: Tensor, unit_mask: Tensor) -> Tensor:
@@ -154,23 +165,30 @@ class GlobalEncoder(nn.Module):
 
     def __init__(self, hidden: int, heads: int, ffn: int, dropout: float, layers: int, graph_attention: bool = False,
                  structural_attention: bool = False, max_units: int = 64, rank_embedding: bool = True,
-                 form: Literal["liu_lapata", "v0"] = "liu_lapata"):
+                 form: Literal["liu_lapata", "v0"] = "liu_lapata", structural_split: bool = True,
+                 structural_root: bool = True):
         super().__init__()
         self.max_units = max_units
         self.register_buffer("ranks", sinusoidal_table(max_units, hidden), persistent=False)
         self.rank_embedding = rank_embedding and layers > 0
         self.layers = nn.ModuleList(GlobalLayer(hidden, heads, ffn, dropout, graph_attention, structural_attention,
-                                                form) for _ in range(layers))
+                                                form, structural_split, structural_root) for _ in range(layers))
         self.final_norm = nn.LayerNorm(hidden) if layers else nn.Identity()
         self.apply(init_weights)
 
     def forward(self, x: Tensor, layout: UnitLayout, graph: Tensor | None = None) -> Tensor:
+        return self.forward_with_structure(x, layout, graph)[0]
+
+    def forward_with_structure(self, x: Tensor, layout: UnitLayout, graph: Tensor | None = None
+                               ) -> tuple[Tensor, Tensor | None]:
+        """-> (token states [N, H], the last layer's structure-infused unit vectors [U, H] or None)."""
         if not self.layers:
-            return x
+            return x, None
         if self.rank_embedding:
             if layout.max_units > self.max_units:
                 raise ValueError(f"{layout.max_units} units exceed mds.max_units {self.max_units}")
             x = x + self.ranks[layout.unit_rank].to(x.dtype).index_select(0, layout.token_unit)
+        structure = None
         for layer in self.layers:
-            x = layer(x, layout, graph)
-        return self.final_norm(x)
+            x, structure = layer.forward_with_structure(x, layout, graph)
+        return self.final_norm(x), structure

@@ -72,7 +72,7 @@ def cluster_states(encoder: HibertEncoder, global_encoder: GlobalEncoder, packed
                                        output_size=units.num_real_tokens)
         x = x + enc.sentence_states.index_select(0, rows)
     layout = packed.layout
-    x = global_encoder(x, layout, packed.graph)
+    x, structure = global_encoder.forward_with_structure(x, layout, packed.graph)
     # unit vector = mean of its tokens (the unit stream is the memory stream: same tokens, same order)
     n_units = layout.num_units
     count = torch.zeros(n_units, 1, dtype=torch.float32, device=x.device).index_add_(
@@ -80,7 +80,7 @@ def cluster_states(encoder: HibertEncoder, global_encoder: GlobalEncoder, packed
     unit_sum = torch.zeros(n_units, x.shape[1], dtype=torch.float32, device=x.device).index_add(
         0, layout.token_unit, x.float())                          # fp32 sums (bf16 runs)
     unit_vec = (unit_sum / count).to(x.dtype)
-    return EncoderOutput(token_flat=x, sentence_states=unit_vec, docs=packed.memory_docs)
+    return EncoderOutput(token_flat=x, sentence_states=unit_vec, docs=packed.memory_docs, structure=structure)
 
 
 def cluster_memory(encoder: HibertEncoder, global_encoder: GlobalEncoder, packed: PackedClusters,
@@ -102,8 +102,9 @@ class HibertMDS(HibertAbstractive):
         self.global_encoder = GlobalEncoder(
             enc_cfg.hidden, mds_cfg.global_heads or enc_cfg.heads, enc_cfg.ffn_dim, enc_cfg.dropout,
             mds_cfg.global_layers, mds_cfg.graph_attention, mds_cfg.structural_attention, mds_cfg.max_units,
-            mds_cfg.rank_embedding, mds_cfg.global_layer)
-        self.decoder = AbstractiveDecoder(enc_cfg, dec_cfg)
+            mds_cfg.rank_embedding, mds_cfg.global_layer, mds_cfg.structural_split, mds_cfg.structural_root)
+        structural_context = mds_cfg.structural_attention and mds_cfg.structural_decoder and mds_cfg.global_layers > 0
+        self.decoder = AbstractiveDecoder(enc_cfg, dec_cfg, structural_context)
 
     def memory(self, packed: PackedClusters) -> EncoderOutput:
         """Token states after the global layers, on the memory layout, with the unit vectors."""

@@ -46,26 +46,68 @@ def matrix_tree_marginals(edge_scores: Tensor, root_scores: Tensor, mask: Tensor
 
 
 class StructuralAttention(nn.Module):
-    """Structure-aware unit vectors: bilinear parent/child scores and root scores from the unit vectors, the
-    tree marginals, and tanh(W [v; sum_i P(i -> j) v_i (expected parent); sum_k P(j -> k) v_k (expected
-    children)]) — Chowdhury et al. §2 / Liu & Lapata 2018 §3."""
+    """Structure-infused unit vectors (Chowdhury et al. §2.2, after Liu & Lapata 2018 §3). Each unit vector h
+    is split into a semantic part e and a structural part d (eq. 1: [e, d] = h); parent/child scores
+    f_jk = tanh(W_c d_k)^T W_a tanh(W_p d_j) and root scores f^r_j = W_r d_j give the tree marginals a_jk and
+    a^r_j (eq. 2); then
+        s_i = a^r_i e_root + sum_k a_ki e_k   (expected parent; e_root a learned vector)
+        c_i = sum_k a_ik e_k                  (expected children: Liu & Lapata's form; the paper prints e_i)
+        r_i = tanh(W [e_i; s_i; c_i]).
+    `split=False` scores and aggregates the whole vector (e = d = h); `root=False` drops the root term — both
+    off is the earlier form, which exports without these switches were trained with."""
 
-    def __init__(self, hidden: int):
+    def __init__(self, hidden: int, split: bool = True, root: bool = True):
         super().__init__()
-        self.parent = nn.Linear(hidden, hidden)
-        self.child = nn.Linear(hidden, hidden)
-        self.bilinear = nn.Parameter(torch.empty(hidden, hidden))
-        self.root = nn.Linear(hidden, 1)
-        self.out = nn.Linear(3 * hidden, hidden)
+        self.split, self.use_root = split, root
+        d_dim = hidden // 2 if split else hidden           # structural part d: the second half
+        self.e_dim = hidden - d_dim if split else hidden   # semantic part e: the first half
+        self.parent = nn.Linear(d_dim, d_dim)
+        self.child = nn.Linear(d_dim, d_dim)
+        self.bilinear = nn.Parameter(torch.empty(d_dim, d_dim))
+        self.root = nn.Linear(d_dim, 1)
+        self.root_vector = nn.Parameter(torch.zeros(self.e_dim)) if root else None   # e_root
+        self.out = nn.Linear(3 * self.e_dim, hidden)
         nn.init.xavier_uniform_(self.bilinear)
+        if root:
+            nn.init.normal_(self.root_vector, std=0.02)
 
     def forward(self, units: Tensor, mask: Tensor) -> Tensor:
-        """units [C, W, H], mask [C, W] -> structure-aware unit vectors [C, W, H] (0 at padding)."""
-        p, c = torch.tanh(self.parent(units)), torch.tanh(self.child(units))
+        """units [C, W, H], mask [C, W] -> structure-infused unit vectors r [C, W, H] (0 at padding)."""
+        e, d = (units[..., : self.e_dim], units[..., self.e_dim:]) if self.split else (units, units)
+        p, c = torch.tanh(self.parent(d)), torch.tanh(self.child(d))
         scores = p @ self.bilinear.to(p.dtype) @ c.transpose(1, 2)   # [C, W(parent), W(child)]
-        edge, _ = matrix_tree_marginals(scores.float(), self.root(units).squeeze(-1).float(), mask)
-        edge = edge.to(units.dtype)
-        parents = edge.transpose(1, 2) @ units   # row j: sum_i P(i -> j) v_i
-        children = edge @ units                  # row i: sum_k P(i -> k) v_k
-        out = torch.tanh(self.out(torch.cat([units, parents, children], dim=-1)))
+        edge, root = matrix_tree_marginals(scores.float(), self.root(d).squeeze(-1).float(), mask)
+        edge = edge.to(e.dtype)
+        parents = edge.transpose(1, 2) @ e       # row j: sum_i P(i -> j) e_i
+        if self.root_vector is not None:         # + P(root -> j) e_root
+            parents = parents + root.to(e.dtype)[..., None] * self.root_vector.to(e.dtype)
+        children = edge @ e                      # row i: sum_k P(i -> k) e_k
+        out = torch.tanh(self.out(torch.cat([e, parents, children], dim=-1)))
         return out * mask[..., None].to(out.dtype)
+
+
+class StructuralContext(nn.Module):
+    """The decoder's structural context (Chowdhury et al. §2.2-2.3): at every step, attention from the decoder
+    state over the cluster's structure-infused unit vectors g (scores on g, a_struct = softmax over units),
+    c_struct = sum_u a_struct,u h_u over the unit vectors h. c_struct feeds P_vocab and p_gen; copying keeps
+    the plain token attention ("to facilitate token level pointing")."""
+
+    def __init__(self, hidden: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.scale = (hidden // heads) ** -0.5
+        self.q, self.k, self.v, self.out = (nn.Linear(hidden, hidden) for _ in range(4))
+
+    def prepare(self, structure: Tensor, units: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """structure g [B, D, H], unit vectors h [B, D, H], mask [B, D] -> per-head keys, values [B, h, D, d] and
+        the additive key mask [B, 1, 1, D]."""
+        split = lambda x: x.view(*x.shape[:2], self.heads, -1).transpose(1, 2).contiguous()  # noqa: E731
+        bias = torch.zeros_like(mask, dtype=torch.float32).masked_fill(~mask, float("-inf"))
+        return split(self.k(structure)), split(self.v(units)), bias[:, None, None, :]
+
+    def forward(self, x: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor:
+        """x [B, Q, H] -> c_struct [B, Q, H]."""
+        b, q, h = x.shape
+        qh = self.q(x).view(b, q, self.heads, -1).transpose(1, 2)                 # [B, h, Q, d]
+        a = torch.softmax((qh @ keys.transpose(-1, -2)).float() * self.scale + bias, dim=-1)
+        return self.out((a.to(values.dtype) @ values).transpose(1, 2).reshape(b, q, h))

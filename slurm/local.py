@@ -18,20 +18,23 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from hibert.config import Config, load_config
 from hibert.errors import UserError
-from hibert.finetune.base.rouge import format_p, paired_bootstrap
+from hibert.finetune.base.rouge import format_p, seeded_paired_bootstrap, verdict
 from hibert.finetune.heads import head_of_export, registered_heads
 from hibert.redact import redact_uri
 from hibert.registry import DEFAULT_DB, client, tracking_uri
 from hibert.slurm.chain import TRAINING, ChainError, StageInput, dependency_closure, link, new_chain_id, store_uri
-from hibert.slurm.stages import default_pipeline, find_recipe
+from hibert.slurm.stages import default_pipeline, expand_seeds, find_recipe
 
 LOCAL_SKIP = {"prep-merge"}    # a local `hibert prep` (no --num-shards) already merges
 
@@ -73,11 +76,13 @@ def run_stages(cfg: Config, recipe: Path, nproc: int, fresh: bool, extra: list[s
         shutil.rmtree(root)
     (root / "logs").mkdir(parents=True, exist_ok=True)
     (root / ".stages").mkdir(parents=True, exist_ok=True)
-    pipeline = cfg.slurm.pipeline or default_pipeline(cfg)
+    pipeline = expand_seeds(cfg.slurm.pipeline or default_pipeline(cfg), cfg.slurm.seeds, cfg.run.name)
     chain = chain_overrides(root, recipe, pipeline, extra, cfg.run.name)
     wanted = None
     if only:
-        closure = dependency_closure(pipeline)
+        closure = dependency_closure(pipeline)  # a seeded stage's name picks all its seeds
+        only = [c for n in only for c in ([x for x in closure if x.startswith(f"{n}-seed")] if n not in closure else [n])
+                or [n]]
         unknown = sorted(set(only) - set(closure))
         if unknown:
             raise UserError(f"[demo] no stage {', '.join(unknown)} in {recipe}; stages: {', '.join(closure)}")
@@ -175,9 +180,10 @@ def print_results(reports: list[dict], names: list[str]) -> None:
     for members in groups.values():
         first = members[0][1]
         rows: list[tuple[str, dict]] = []
-        for name, rep in members:
-            init = rep["meta"].get("encoder_init") or "random init"
-            rows.append((f"{name} ({init.replace('models:/', '')})", rep["scores"]["model"]))
+        for name, seeds in by_system(members).items():
+            init = seeds[0]["meta"].get("encoder_init") or "random init"
+            label = f"{name} ({init.replace('models:/', '')})" + (f", {len(seeds)} seeds" if len(seeds) > 1 else "")
+            rows.append((label, seed_summary(seeds)))
         for system in ("lead3", "oracle"):
             if system in first["scores"]:
                 rows.append((system, first["scores"][system]))
@@ -187,6 +193,7 @@ def print_results(reports: list[dict], names: list[str]) -> None:
         width = max(len(r[0]) for r in rows)
         for label, sc in rows:
             cells = "  ".join(f"{m.replace('_f', '')} {sc[m]['mean']:5.2f} [{sc[m]['low']:5.2f},{sc[m]['high']:5.2f}]"
+                              + (f" ±{sc[m]['seed_sd']:.2f}" if sc[m].get("seed_sd") is not None else "")
                               for m in ("rouge1_f", "rouge2_f", "rougeL_f"))
             print(f"  {label:<{width}}  {cells}")
         print_paired(members)
@@ -199,22 +206,53 @@ def print_results(reports: list[dict], names: list[str]) -> None:
                           f"{st['mean_words']:.1f} words")
 
 
-def print_paired(members: list[tuple[str, dict]]) -> None:
-    """Each encoder-initialized model against the random-init one, paired over the same documents."""
-    base = next(((n, r) for n, r in members if not r["meta"].get("encoder_init")), None)
-    if base is None or "per_document" not in base[1]:
-        return
-    base_docs = base[1]["per_document"]
+SEED_SUFFIX = re.compile(r"-seed\d+$")
+
+
+def by_system(members: list[tuple[str, dict]]) -> dict[str, list[dict]]:
+    """Reports grouped by system: runs named <name>-seed<S> are seeds of <name> (slurm.seeds)."""
+    out: dict[str, list[dict]] = {}
     for name, rep in members:
-        docs = rep.get("per_document")
-        if rep is base[1] or not docs or docs.get("doc_ids") != base_docs.get("doc_ids"):
+        out.setdefault(SEED_SUFFIX.sub("", name), []).append(rep)
+    return out
+
+
+def seed_summary(seeds: list[dict]) -> dict[str, dict]:
+    """{metric: mean over seeds of the model's mean, the first seed's CI bounds shifted alike, sd over seeds}."""
+    if len(seeds) == 1:
+        return seeds[0]["scores"]["model"]
+    out = {}
+    for m in ("rouge1_f", "rouge2_f", "rougeL_f"):
+        means = np.array([r["scores"]["model"][m]["mean"] for r in seeds])
+        lows = np.array([r["scores"]["model"][m]["low"] for r in seeds])
+        highs = np.array([r["scores"]["model"][m]["high"] for r in seeds])
+        out[m] = {"mean": float(means.mean()), "low": float(lows.mean()), "high": float(highs.mean()),
+                  "seed_sd": float(means.std(ddof=1))}
+    return out
+
+
+def print_paired(members: list[tuple[str, dict]]) -> None:
+    """Each encoder-initialized system against the random-init one, paired over the same documents and, when
+    they ran with several seeds, over seeds too; each difference says what its interval allows."""
+    systems = by_system(members)
+    base = next(((n, r) for n, r in systems.items() if not r[0]["meta"].get("encoder_init")), None)
+    if base is None or any("per_document" not in r for r in base[1]):
+        return
+    ids = base[1][0]["per_document"]["doc_ids"]
+    for name, reps in systems.items():
+        if name == base[0] or any(r.get("per_document", {}).get("doc_ids") != ids for r in reps + base[1]):
             continue
-        cells = []
+        cells, reads = [], ""
         for m in ("rouge1_f", "rouge2_f", "rougeL_f"):
-            d = paired_bootstrap(docs["model"][m], base_docs["model"][m])
+            d = seeded_paired_bootstrap([r["per_document"]["model"][m] for r in reps],
+                                        [r["per_document"]["model"][m] for r in base[1]])
             cells.append(f"{m.replace('_f', '')} {d['diff']:+5.2f} [{d['low']:+5.2f},{d['high']:+5.2f}] "
                          + format_p(d["p_value"], d["resamples"]))
-        print(f"  {name} - {base[0]} (paired bootstrap):  " + "  ".join(cells))
+            reads = reads or verdict(d["low"], d["high"])
+        seeds = f"{len(reps)}/{len(base[1])} seeds"
+        print(f"  {name} - {base[0]} (paired bootstrap, {len(ids)} documents, {seeds}):  " + "  ".join(cells)
+              + f"  -> ROUGE-1: {reads}" + ("" if len(reps) > 1 and len(base[1]) > 1 else
+                                            " (one seed: an ordering cannot be read from it)"))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -225,6 +263,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stages", default=None, metavar="A,B",
                    help="comma-separated stage names: run only these and the stages they wait for "
                         "(finished ones are reused); default: the whole pipeline")
+    p.add_argument("--seeds", default=None, metavar="S1,S2,..",
+                   help="run every finetune/evaluate stage once per seed (slurm.seeds); the tables then give "
+                        "mean ± sd over seeds and pair systems over documents and seeds")
     p.add_argument("--article", default="samples/cnndm_test_sample.jsonl",
                    help="held-back articles; the first one is summarized at the end")
 
@@ -247,6 +288,12 @@ def _run(args: argparse.Namespace) -> int:
     if "=" in args.recipe:  # `hibert demo key=value`: an override, not a recipe
         args.overrides, args.recipe = [args.recipe, *args.overrides], "demo"
     recipe = find_recipe(args.recipe)
+    if args.seeds:
+        try:
+            seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        except ValueError:
+            raise UserError(f"[demo] --seeds {args.seeds!r}: comma-separated integers, e.g. 1,2,3") from None
+        args.overrides = [*args.overrides, f"slurm.seeds=[{','.join(map(str, seeds))}]"]
     cfg = load_config(recipe, args.overrides)
     t0 = time.time()
     only = [name.strip() for name in args.stages.split(",") if name.strip()] if args.stages else None

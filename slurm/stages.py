@@ -98,6 +98,37 @@ def default_pipeline(cfg: Config) -> list[SlurmStage]:
     return [SlurmStage(name=n, command=c, overrides=o) for n, c, o in stages]
 
 
+SEEDED = ("finetune", "evaluate")   # the stages `slurm.seeds` repeats: pretraining stays one run
+
+
+def expand_seeds(stages: list[SlurmStage], seeds: list[int], run_name: str) -> list[SlurmStage]:
+    """Each finetune/evaluate stage once per seed: `<stage>-seed<S>` with schedule.seed=S and
+    run.name=<its run name>-seed<S> (so an evaluate stage finds its finetune run of the same seed); only the
+    first seed's finetune registers a model (a later stage reading the alias gets that one). `after` follows:
+    a seeded stage waits for the same seed's copy of a seeded stage; any other waits for every copy."""
+    if not seeds:
+        return stages
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"slurm.seeds {seeds}: a seed is repeated")
+    seeded = {st.name for st in stages if st.command in SEEDED}
+    out: list[SlurmStage] = []
+    for st in stages:
+        if st.command not in SEEDED:
+            after = None if st.after is None else [
+                c for a in st.after for c in ([f"{a}-seed{s}" for s in seeds] if a in seeded else [a])]
+            out.append(st.model_copy(update={"after": after}))
+            continue
+        base = next((o.split("=", 1)[1] for o in reversed(st.overrides) if o.startswith("run.name=")), run_name)
+        for i, s in enumerate(seeds):
+            extra = [f"schedule.seed={s}", f"run.name={base}-seed{s}"]
+            if st.command == "finetune" and i > 0:
+                extra.append("tracking.register_model=false")
+            after = None if st.after is None else [f"{a}-seed{s}" if a in seeded else a for a in st.after]
+            out.append(st.model_copy(update={"name": f"{st.name}-seed{s}", "overrides": [*st.overrides, *extra],
+                                             "after": after}))
+    return out
+
+
 def stage_resources(slurm: SlurmConfig, stage: SlurmStage) -> SlurmResources:
     base = slurm.model_dump(include=set(SlurmResources.model_fields))
     merged = {**base, **COMMAND_RESOURCES[stage.command], **stage.resources}
@@ -153,7 +184,7 @@ def plan(cfg: Config, recipe: str | None, user_overrides: list[str], out_dir: Pa
 
     `chain_id`: continue that chain (`continuing`, `hibert submit --chain`) or name a new one; None: a new id."""
     slurm = cfg.slurm
-    stages = slurm.pipeline or default_pipeline(cfg)
+    stages = expand_seeds(slurm.pipeline or default_pipeline(cfg), slurm.seeds, cfg.run.name)
     names = [s.name for s in stages]
     unknown = [n for n in only or [] if n not in names]
     if unknown:

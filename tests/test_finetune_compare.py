@@ -5,7 +5,8 @@ import json
 import pytest
 
 from hibert.errors import UserError
-from hibert.finetune.compare import compare
+from hibert.finetune.base.rouge import paired_bootstrap, seeded_paired_bootstrap
+from hibert.finetune.compare import compare, render
 from hibert.cli import main
 
 METRICS = ("rouge1_f", "rouge2_f", "rougeL_f", "rougeLsum_f")
@@ -35,7 +36,8 @@ def test_cli_table_and_errors(tmp_path, capsys):
     a = _report(tmp_path / "a", ["d1", "d2"], [10.0, 20.0])
     b = _report(tmp_path / "b", ["d1", "d2"], [12.0, 22.0])
     assert main(["compare", str(a), str(b), "--bootstrap", "100", "--json", str(tmp_path / "t.json")]) == 0
-    assert "| b-a | 2 | +2.00" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| b-a | 2 | 1/1 | +2.00" in printed and "One seed behind some system" in printed
     assert json.loads((tmp_path / "t.json").read_text())["paired"]["b-a"]["rougeL_f"]["diff"] == pytest.approx(2.0)
     with pytest.raises(UserError, match="no per-document scores for 'oracle'"):
         compare([str(a), f"{b}#oracle"], "test", 10)
@@ -44,3 +46,31 @@ def test_cli_table_and_errors(tmp_path, capsys):
     c = _report(tmp_path / "c", ["x"], [1.0])
     with pytest.raises(UserError, match="shares no documents"):
         compare([str(a), str(c)], "test", 10)
+
+
+def test_seeds_of_one_system_are_averaged_and_resampled(tmp_path):
+    """Reports under one NAME are seeds. R: one seed, scores 10..40. P: three seeds, R + 6, R + 6 and R - 6 on
+    every document: P - R = +2 on each document once averaged over seeds — a documents-only bootstrap of
+    that would call it a sure gain (CI [2, 2]) — but one seed in three is 6 below R, and resampling the seeds
+    (all three can be the bad one) puts the interval across 0: no measurable difference."""
+    ids = ["d1", "d2", "d3", "d4"]
+    ref = [10.0, 20.0, 30.0, 40.0]
+    r = _report(tmp_path / "r", ids, ref)
+    seeds = [_report(tmp_path / f"p{k}", ids, [x + shift for x in ref]) for k, shift in enumerate((6.0, 6.0, -6.0))]
+    out = compare([f"R={r}", *(f"P={p}" for p in seeds)], "test", 400)
+    p_row = out["systems"]["P"]
+    assert p_row["seeds"] == 3 and out["systems"]["R"]["seeds"] == 1
+    assert p_row["rouge1_f"]["seed_means"] == pytest.approx([31.0, 31.0, 19.0])
+    assert p_row["rouge1_f"]["mean"] == pytest.approx(27.0)
+    assert p_row["rouge1_f"]["seed_sd"] == pytest.approx(12 / 3 ** 0.5)     # sd of (31, 31, 19), ddof 1
+    pair = out["paired"]["P-R"]
+    assert pair["seeds"] == [3, 1] and pair["rouge1_f"]["diff"] == pytest.approx(2.0)
+    assert pair["rouge1_f"]["low"] < 0 < pair["rouge1_f"]["high"]
+    assert pair["rouge1_f"]["verdict"] == "no measurable difference"
+    docs_only = paired_bootstrap([x + 2 for x in ref], ref, 400)
+    assert docs_only["low"] == docs_only["high"] == pytest.approx(2.0)        # what one averaged row would claim
+    assert "no measurable difference" in render(out) and "| P | 4 | 3 |" in render(out)
+    # one seed each: exactly the documents-only paired bootstrap
+    one = seeded_paired_bootstrap([[1.0, 5.0, 2.0]], [[0.0, 1.0, 3.0]], 300)
+    assert {k: one[k] for k in ("diff", "low", "high", "p_value")} == \
+        {k: v for k, v in paired_bootstrap([1.0, 5.0, 2.0], [0.0, 1.0, 3.0], 300).items() if k != "resamples"}

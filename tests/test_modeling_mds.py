@@ -488,18 +488,30 @@ def test_mds_trains_every_part_and_cached_decoding_equals_teacher_forcing(cross,
     assert worst < 1e-5 and worst_prefix < 1e-5
 
 
+def _eos_leaning(cross: str, copy: bool, strength: float) -> HibertMDS:
+    """A tiny summarizer whose random weights lean towards EOS by `strength` (random weights almost never end):
+    the decoder's last LayerNorm (and the structural context, which joins the state the vocabulary reads) get
+    a bias along the EOS embedding; copying (which never votes for EOS) is made unlikely."""
+    model = _model(cross, copy, structure=True, seed=2).eval()
+    with torch.no_grad():
+        eos = model.output_weight()[EOS_ID]
+        model.decoder.layers[-1].ffn_norm.bias += strength * eos / eos.norm()
+        model.decoder.structure.out.bias += strength * eos / eos.norm()
+        if copy:
+            model.decoder.copy_gate.bias += 6.0
+    return model
+
+
 @pytest.mark.parametrize("cross,copy", [("flat", False), ("flat", True), ("pht", True), ("vht", True)])
 def test_each_cluster_of_a_batch_decodes_as_alone(cross, copy):
     clusters = _clusters(5)
     graphs = _graphs(clusters)
-    model = _model(cross, copy, structure=True, seed=2).eval()  # a seed where every variant's lengths differ
-    with torch.no_grad():  # random weights: EOS more likely, copying (of the memory's many EOS) less
-        eos = model.output_weight()[EOS_ID]
-        model.decoder.layers[-1].ffn_norm.bias += 1.5 * eos / eos.norm()
-        if copy:
-            model.decoder.copy_gate.bias += 6.0
     gen = GenerationConfig(beam_size=3, min_length=1, max_length=8, no_repeat_ngram=0)
-    together = generate(model, pack_clusters(clusters, graphs), gen)
+    for strength in np.linspace(0.5, 4.0, 15):  # the first lean at which clusters finish at different steps
+        model = _eos_leaning(cross, copy, float(strength))
+        together = generate(model, pack_clusters(clusters, graphs), gen)
+        if len({len(h.tokens) for h in together}) > 1:
+            break
     assert len({len(h.tokens) for h in together}) > 1  # clusters finish at different steps and leave the batch
     for c, g, h in zip(clusters, graphs, together):
         alone = generate(model, pack_clusters([c], [g]), gen)[0]
@@ -511,3 +523,103 @@ def test_more_units_than_rank_positions_is_an_error():
     with pytest.raises(ValueError, match="max_units"):
         model.encode(pack_clusters([[[[6]], [[7]], [[8]]]]))
 
+
+
+# ---------------------------------------------------------------------------------------------- structural parts
+def _literal_structure(sa, units: torch.Tensor, n: int) -> torch.Tensor:
+    """Chowdhury et al. §2.2 for one cluster of n real units, with brute-force tree marginals:
+    [e, d] = h (eq. 1), f_jk = tanh(W_c d_k)^T W_a tanh(W_p d_j), f^r_j = W_r d_j,
+    s_i = a^r_i e_root + sum_k a_ki e_k, c_i = sum_k a_ik e_k, r_i = tanh(W [e_i; s_i; c_i])."""
+    h = units[:n].double()
+    e, d = (h[:, : sa.e_dim], h[:, sa.e_dim:]) if sa.split else (h, h)
+    lin = lambda layer, x: x @ layer.weight.double().T + layer.bias.double()  # noqa: E731
+    u_p, u_c = torch.tanh(lin(sa.parent, d)), torch.tanh(lin(sa.child, d))
+    f = u_p @ sa.bilinear.double() @ u_c.T                       # f[j, k]: j parent of k
+    edge, root = _brute_force(f, lin(sa.root, d).squeeze(-1))
+    s = edge.T @ e
+    if sa.root_vector is not None:
+        s = s + root[:, None] * sa.root_vector.double()
+    c = edge @ e
+    return torch.tanh(lin(sa.out, torch.cat([e, s, c], -1)))
+
+
+@pytest.mark.parametrize("split,root", [(True, True), (False, False), (True, False), (False, True)])
+def test_structural_attention_is_chowdhury_eq_1_2_by_hand(split, root):
+    from hibert.modeling.structural import StructuralAttention
+
+    torch.manual_seed(3)
+    sa = StructuralAttention(8, split=split, root=root)
+    units = torch.randn(2, 4, 8)
+    mask = torch.tensor([[True, True, True, False], [True, True, True, True]])
+    with torch.no_grad():
+        got = sa(units, mask)
+        for b, n in enumerate((3, 4)):
+            torch.testing.assert_close(got[b, :n].double(), _literal_structure(sa, units[b], n), atol=1e-5, rtol=0)
+    assert got[0, 3].abs().sum() == 0
+    # split: the tree is scored from the structural half only, the semantic half is what is aggregated
+    assert sa.parent.in_features == (4 if split else 8) and sa.out.in_features == (12 if split else 24)
+    if root:  # a single unit is the root with probability 1: its parent context is e_root itself
+        one = torch.randn(1, 1, 8)
+        with torch.no_grad():
+            e = one[0, :, : sa.e_dim]
+            want = torch.tanh(sa.out(torch.cat([e, sa.root_vector[None], torch.zeros_like(e)], -1)))
+            torch.testing.assert_close(sa(one, torch.ones(1, 1, dtype=torch.bool))[0], want)
+    else:     # both off: the earlier form, the keys older exports hold
+        assert sa.root_vector is None
+
+
+def test_decoder_structural_context_feeds_vocab_and_gate_not_copy():
+    """c_struct = out(sum_u softmax_u(q(s) . k(g_u) / sqrt(d)) v(h_u)) per head; it changes p_vocab and p_gen,
+    while the copy distribution keeps the plain token attention."""
+    from hibert.modeling.structural import StructuralContext
+
+    torch.manual_seed(4)
+    ctx = StructuralContext(8, heads=2)
+    g, h = torch.randn(1, 3, 8), torch.randn(1, 3, 8)
+    mask = torch.tensor([[True, True, False]])
+    x = torch.randn(1, 2, 8)
+    with torch.no_grad():
+        got = ctx(x, *ctx.prepare(g, h, mask))
+        q, k, v = ctx.q(x)[0], ctx.k(g)[0], ctx.v(h)[0]
+        heads = []
+        for z in range(2):
+            sl = slice(4 * z, 4 * z + 4)
+            a = torch.softmax((q[:, sl] @ k[:2, sl].T) / 2.0, -1)     # padding unit 2 left out
+            heads.append(a @ v[:2, sl])
+        torch.testing.assert_close(got[0], ctx.out(torch.cat(heads, -1)), atol=1e-6, rtol=1e-5)
+
+    clusters = _clusters(3)
+    model = _model("flat", copy=True, structure=True).eval()
+    assert model.decoder.structure is not None
+    batch = make_mds_batch(clusters, _targets(4, 3), _graphs(clusters))
+    with torch.no_grad():
+        base = model(batch, return_log_probs=True).log_probs
+        model.decoder.copy_gate.bias.fill_(-40.0)                # all copy: the plain token attention
+        copy_only = model(batch, return_log_probs=True).log_probs
+        model.decoder.structure.v.weight.mul_(3.0)               # c_struct changes, p_gen ~ 0 ...
+        moved = model(batch, return_log_probs=True).log_probs
+    torch.testing.assert_close(moved.exp(), copy_only.exp(), atol=1e-6, rtol=0)  # ... the copy part does not
+    assert not torch.allclose(base, copy_only)
+    with torch.no_grad():
+        model.decoder.copy_gate.bias.fill_(0.0)
+        before = model(batch, return_log_probs=True).log_probs
+        model.decoder.structure.v.weight.mul_(3.0)
+        after = model(batch, return_log_probs=True).log_probs
+    assert (after - before).abs().max() > 1e-3                   # ... p_vocab and p_gen read it
+
+
+def test_structural_switches_and_older_exports():
+    from hibert.finetune.mds.export import stored_mds_config
+
+    old = stored_mds_config({"global_layers": 1, "structural_attention": True})
+    assert not (old.structural_split or old.structural_root or old.structural_decoder)
+    model = HibertMDS(ENC, DecoderConfig(layers=1), old)
+    keys = set(model.state_dict())
+    assert not any("root_vector" in k or k.startswith("decoder.structure.") for k in keys)
+    assert model.state_dict()["global_encoder.layers.0.structure.out.weight"].shape == (32, 96)
+    new = HibertMDS(ENC, DecoderConfig(layers=1), MDSConfig(global_layers=1, structural_attention=True))
+    keys = set(new.state_dict())
+    assert "global_encoder.layers.0.structure.root_vector" in keys and "decoder.structure.q.weight" in keys
+    off = HibertMDS(ENC, DecoderConfig(layers=1), MDSConfig(global_layers=1, structural_attention=True,
+                                                            structural_decoder=False))
+    assert off.decoder.structure is None

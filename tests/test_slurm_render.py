@@ -310,3 +310,31 @@ def test_finetuning_on_data_without_summaries_is_refused(tmp_path, capsys):
         assert shown in capsys.readouterr().err
     ok = "{format: jsonl, path: /a.jsonl, summary_field: s}"
     assert main(["submit", "giga-cm", "--dry-run", finetune_on(ok)]) == 0
+
+
+def test_seeds_repeat_finetune_and_evaluate_stages():
+    """slurm.seeds: each finetune/evaluate stage once per seed, its run named <run.name>-seed<S>, the same
+    seed's evaluate after it; pretraining stays one run; only the first seed registers."""
+    from hibert.config.ops import SlurmStage
+    from hibert.slurm.stages import expand_seeds
+
+    stages = [SlurmStage(name="pre", command="pretrain", overrides=["run.name=pre"]),
+              SlurmStage(name="ft", command="finetune", overrides=["run.name=ext"]),
+              SlurmStage(name="ev", command="evaluate", overrides=["run.name=ext"], after=["ft"]),
+              SlurmStage(name="ft-abs", command="finetune", after=["pre"]),
+              SlurmStage(name="report", command="evaluate", recipe="x", after=[]),
+              SlurmStage(name="merge", command="prep-merge", after=["ft"])]
+    out = {s.name: s for s in expand_seeds(stages, [7, 8], "demo")}
+    assert list(out) == ["pre", "ft-seed7", "ft-seed8", "ev-seed7", "ev-seed8", "ft-abs-seed7", "ft-abs-seed8",
+                         "report-seed7", "report-seed8", "merge"]
+    assert out["ft-seed8"].overrides == ["run.name=ext", "schedule.seed=8", "run.name=ext-seed8",
+                                         "tracking.register_model=false"]
+    assert "tracking.register_model=false" not in out["ft-seed7"].overrides
+    assert out["ev-seed8"].after == ["ft-seed8"] and out["ev-seed8"].overrides[-1] == "run.name=ext-seed8"
+    assert out["ft-abs-seed7"].after == ["pre"] and out["ft-abs-seed7"].overrides[-1] == "run.name=demo-seed7"
+    assert out["merge"].after == ["ft-seed7", "ft-seed8"] and out["pre"].overrides == ["run.name=pre"]
+    assert expand_seeds(stages, [], "demo") == stages
+    with pytest.raises(ValueError, match="repeated"):
+        expand_seeds(stages, [1, 1], "demo")
+    cfg = load_config("demo", ["slurm.seeds=[1,2,3]"])
+    assert cfg.slurm.seeds == [1, 2, 3]

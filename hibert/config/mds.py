@@ -38,6 +38,10 @@ class MDSConfig(Section):
     # sublinear = sublinear tf x smoothed idf on subword ids (what exports without this field were trained with)
     graph_weighting: Literal["eq25", "sublinear"] = "eq25"
     structural_attention: bool = False                  # matrix-tree marginals over units (Chowdhury et al.)
+    # its parts, each switchable for ablation (all off = the earlier form, what exports without them used):
+    structural_split: bool = True     # eq. 1: a structural half scores the tree, a semantic half is aggregated
+    structural_root: bool = True      # the root term a^r_i e_root in each unit's parent context
+    structural_decoder: bool = True   # the decoder's structural context c_struct feeds P_vocab and p_gen
     ranker_pool: Literal["mean", "attention"] = "attention"  # unit vector from its sentence states
     ranker_loss: Literal["regression", "listwise"] = "listwise"
     # how units are ordered before the budget cut: tfidf (to the title, else the centroid), lead (document
