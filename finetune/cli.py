@@ -25,6 +25,7 @@ from hibert.finetune.base.generation import (
     decoding_from_args,
 )
 from hibert.finetune.base.settings import EvalSettings, SummarizeSettings
+from hibert.finetune.base.fluency import fluency_note
 from hibert.finetune.base.text import InputError, Summary, read_clusters, read_documents
 from hibert.finetune.heads import EvalOutcome, HeadSpec, get_head, head_of_export
 from hibert.redact import redact_uri
@@ -132,6 +133,9 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
     except ValueError as e:  # its generation.json / abstractive.json do not parse
         print(f"hibert evaluate: cannot load model {ref!r}: {e}", file=sys.stderr)
         return 2
+    note = fluency_note(local) if head.decodes else None
+    if note:
+        print(f"hibert evaluate: note: {note}", file=sys.stderr)
     try:
         clusters = DocumentDataset(cfg.data.dataset_dir, settings.split).is_clusters
         outcome = head.evaluate(cfg, settings, local, ref, clusters)
@@ -239,6 +243,9 @@ def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"hibert summarize: cannot load model {ref!r}: {e}", file=sys.stderr)
         return 2
+    note = fluency_note(local) if head.decodes else None
+    if note:
+        print(f"hibert summarize: note: {note}", file=sys.stderr)
     try:
         summaries = summarizer.summarize_all(inputs)
     except InputError as e:

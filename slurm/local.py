@@ -29,6 +29,7 @@ import numpy as np
 
 from hibert.config import Config, load_config
 from hibert.errors import UserError
+from hibert.finetune.base.fluency import fluency_note
 from hibert.finetune.base.rouge import format_p, seeded_paired_bootstrap, verdict
 from hibert.finetune.heads import head_of_export, registered_heads
 from hibert.redact import redact_uri
@@ -317,6 +318,10 @@ def _run(args: argparse.Namespace) -> int:
         exports = [e for e in finetuned if head_of_export(e).name == kind]
         if exports and article.is_file() and head.summarizer is not None and head.reads == "documents":
             print(f"\n== {kind} summary of a held-back article ({article}, first record; {exports[-1]}) ==")
+            note = fluency_note(exports[-1]) if head.decodes else None
+            if note:  # its numbers are in the tables above; repeated pieces are not shown as a summary
+                print(f"(not shown) {note}")
+                continue
             out = subprocess.run([sys.executable, "-m", "hibert.cli", "summarize", str(recipe), *args.overrides,
                                   "--model", str(exports[-1]), "--input", str(article), "--field", "article",
                                   "--limit", "1"], capture_output=True, text=True)

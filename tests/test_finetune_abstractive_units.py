@@ -113,3 +113,21 @@ def test_a_damaged_decoder_config_is_one_line_not_a_traceback(tmp_path, capsys, 
     assert err.startswith(f"hibert {command}: cannot load model") and damage.split(".")[0] in err.lower() \
         or "max_positions" in err or "beam_size" in err, err
     assert "Traceback" not in err and "\n" not in err, err
+
+
+def test_fluency_note_reads_the_recorded_validation_perplexity(tmp_path):
+    import json
+
+    from hibert.finetune.base.fluency import WRITES_PPL, fluency_note
+
+    def export(metrics):
+        d = tmp_path / str(len(list(tmp_path.iterdir())))
+        d.mkdir()
+        (d / "export.json").write_text(json.dumps({"metrics": metrics}))
+        return d
+
+    note = fluency_note(export({"valid_ppl": 312.4}))
+    assert note and "cannot write yet" in note and "312" in note and "liu-lapata-2019" in note
+    assert fluency_note(export({"valid_ppl": WRITES_PPL - 1})) is None
+    assert fluency_note(export({})) is None and fluency_note(tmp_path / "missing") is None
+    assert fluency_note(export({"valid_ppl": float("nan")})) is None

@@ -1,0 +1,31 @@
+"""Whether a decoding model's training says it can write yet: one line for `hibert summarize`, `hibert evaluate`
+and the demo, instead of presenting repeated pieces ("the the the aaaass...") as a summary without comment.
+
+The signal is the validation perplexity (per target subword, teacher forcing) the export recorded when it was
+trained. Above `WRITES_PPL` beam search on news text falls back on the most frequent pieces: the CPU-sized
+recipes' abstractive models sit far above it (the demo's: see docs/abstractive.md), and the decoders whose
+output reads as sentences in the papers this platform implements train to a perplexity near 10 or below
+(full CNN/DM or WikiSum, 100k+ steps on GPUs). The line is a warning: the command still does what was asked."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+WRITES_PPL = 50.0   # validation perplexity above which a decoder's summaries are not expected to read as text
+
+
+def fluency_note(export_dir: Path) -> str | None:
+    """The one-line note for a decoding export whose recorded validation perplexity is above WRITES_PPL, else
+    None (also when the export recorded none: nothing is claimed either way)."""
+    try:
+        meta = json.loads((Path(export_dir) / "export.json").read_text())
+        ppl = float(meta.get("metrics", {}).get("valid_ppl"))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    if not math.isfinite(ppl) or ppl <= WRITES_PPL:
+        return None
+    return (f"this model's decoder cannot write yet (validation perplexity {ppl:.0f}, above {WRITES_PPL:.0f}): "
+            "expect repeated pieces, not sentences. A CPU-sized recipe trains the pipeline, not a writer: a "
+            "decoder that writes needs a full corpus and GPU hours (configs/recipes/liu-lapata-2019.yaml, "
+            "docs/abstractive.md)")
