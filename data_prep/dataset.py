@@ -151,6 +151,18 @@ class DocumentDataset:
         sents, o = self.sentences_text(i), self.unit_offsets(i)
         return [sents[o[u]:o[u + 1]] for u in range(len(o) - 1)]
 
+    def title_ids(self, i: int) -> list[np.ndarray] | None:
+        """The cluster's title as one sentence of subword ids (no specials), encoded with the dataset's own
+        tokenizer as its sentences were; None without a title."""
+        text = self.title(i)
+        if text is None:
+            return None
+        if getattr(self, "_sp", None) is None:  # per process: __getstate__ leaves it out
+            from hibert.data_prep.tokenizer import load  # sentencepiece: only where titles are read
+
+            self._sp = load(self.tokenizer_path)
+        return [np.asarray(self._sp.encode(text, out_type=int), dtype=np.int64)]
+
     def title(self, i: int) -> str | None:
         part, j, _, _ = self._cluster(i)
         src = int(part.chunk_src[j])

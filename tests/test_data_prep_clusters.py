@@ -242,3 +242,36 @@ def test_synthetic_clusters_group_related_articles_of_the_same_split(tmp_path):
     loose = {c["id"]: c["document_ids"] for c in loose}
     assert set(loose["a1"]) == {"a1", "a7", "a3"} and set(loose["a7"]) == {"a7", "a1", "a3"}
     assert all(ids.count(k) == 1 and len(set(ids)) == len(ids) for k, ids in loose.items())
+
+
+def test_titles_are_read_as_ids_and_as_the_summarizers_first_unit(prepared):
+    """JSONL `title` and WikiSum `title`: kept by prep, encoded with the dataset's own tokenizer, and — with
+    `mds.title_unit` — read as unit 0 before the ranked units (not counted against the budget, one of max_units)."""
+    from hibert.data_prep.tokenizer import load
+    from hibert.finetune.base.clusters import RankedClusters, ranked_sentences
+
+    ds = DocumentDataset(prepared, "train")
+    ids = [ds.doc_id(i) for i in range(len(ds))]
+    sp = load(ds.tokenizer_path)
+    storm = ids.index("cl:c1#0")
+    wiki = next(i for i, d in enumerate(ids) if d.startswith("wiki:"))
+    for i in (storm, wiki):
+        assert ds.title(i) and [t.tolist() for t in ds.title_ids(i)] == [sp.encode(ds.title(i), out_type=int)]
+    untitled = ids.index("mn:mini:1#0")
+    assert ds.title(untitled) is None and ds.title_ids(untitled) is None
+
+    plain = RankedClusters(ds, "lead", budget=10_000)
+    titled = RankedClusters(ds, "lead", budget=10_000, title_unit=True)
+    k = int(np.flatnonzero(titled.rows == storm)[0])
+    assert titled.titled[k] and titled.units_text(k)[0] == ["Storm hits coast"]
+    assert [s.tolist() for s in titled.units(k)[0]] == [t.tolist() for t in ds.title_ids(storm)]
+    as_lists = lambda units: [[s.tolist() for s in u] for u in units]  # noqa: E731
+    assert as_lists(titled.units(k)[1:]) == as_lists(plain.units(k))
+    n_title = len(ds.title_ids(storm)[0])
+    assert titled.doc_num_tokens[k] == plain.doc_num_tokens[k] + n_title
+    assert titled.doc_num_sentences[k] == plain.doc_num_sentences[k] + 1
+    assert ranked_sentences(titled, k) == ranked_sentences(plain, k)   # Lead reads the title once either way
+    u = int(np.flatnonzero(titled.rows == untitled)[0])
+    assert not titled.titled[u] and titled.units_text(u) == plain.units_text(u)
+    capped = RankedClusters(ds, "lead", budget=10_000, title_unit=True, max_units=2)
+    assert len(capped.units(k)) == 2 and capped.units_text(k)[0] == ["Storm hits coast"]

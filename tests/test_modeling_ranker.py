@@ -11,7 +11,8 @@ from hibert.config.model import ModelConfig
 from hibert.modeling.abstractive import HibertAbstractive
 from hibert.modeling.clusters import pack_clusters
 from hibert.modeling.extractive import HibertExtractive
-from hibert.modeling.ranker import HibertRanker, ranker_loss, select_units
+from hibert.modeling.packing import pack_documents
+from hibert.modeling.ranker import HibertRanker, ranker_input, ranker_loss, select_units
 
 ENC = ModelConfig(name="t", hidden=32, layers=1, heads=2, vocab_size=64, dropout=0.0, max_positions=64)
 
@@ -103,15 +104,18 @@ def test_ranker_loads_registered_encoders_strictly():
     assert head and all(not k.startswith("encoder.") for k in head)
 
 
-@pytest.mark.parametrize("pool", ["mean", "attention"])
+TITLES = [[np.array([20, 21, 22])], None, [np.array([23])], None]   # two clusters with a title, two without
+
+
+@pytest.mark.parametrize("pool", ["title", "mean", "attention"])
 def test_a_clusters_scores_do_not_depend_on_the_other_clusters(pool):
     torch.manual_seed(0)
     ranker = HibertRanker(ENC, pool).eval()
     clusters = _clusters(4, n=4)
     with torch.no_grad():
-        together = ranker(pack_clusters(clusters).units)
-        alone = torch.cat([ranker(pack_clusters([c]).units) for c in clusters])
-        reversed_batch = ranker(pack_clusters(clusters[::-1]).units)
+        together = ranker(ranker_input(clusters, TITLES))
+        alone = torch.cat([ranker(ranker_input([c], [t])) for c, t in zip(clusters, TITLES)])
+        reversed_batch = ranker(ranker_input(clusters[::-1], TITLES[::-1]))
     assert together.shape == (sum(len(c) for c in clusters),)
     torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-5)
     sizes = [len(c) for c in clusters]
@@ -136,3 +140,36 @@ def test_pooling_is_a_mean_or_a_distribution_over_each_units_sentences():
         assert w.sum().item() == pytest.approx(1.0, abs=1e-4) and (w > 0).all()
     with pytest.raises(ValueError, match="pool"):
         HibertRanker(ENC, "max")
+
+
+def test_title_pool_is_liu_lapata_eq_1_to_6_by_hand():
+    """u = token state + its sentence's document-level vector (the encoder over the unit, eq. 2; over the title,
+    eq. 1); û_t = max over the title's tokens (eq. 3); p_i = tanh(W_1 [u_pi; û_t]) (eq. 4); p̂ = max over the
+    unit's tokens (eq. 5); score = head(p̂) (eq. 6 before the sigmoid). Without a title: û_t = the mean over
+    the cluster's units of their max-pooled token vectors (the centroid)."""
+    torch.manual_seed(1)
+    ranker = HibertRanker(ENC, "title").eval()
+    clusters = [[[[6, 7], [8, 9, 10]], [[11, 12]]], [[[13, 14], [15]], [[16]], [[17, 18, 19]]]]
+    titles = [[np.array([20, 21])], None]
+
+    def tokens(doc):                          # [n, H] u vectors of one document through the encoder
+        packed = pack_documents([doc])
+        enc = ranker.encoder(packed)
+        rows = torch.repeat_interleave(torch.arange(packed.tokens.shape[0]), packed.sent_lens)
+        return enc.token_flat + enc.sentence_states[rows]
+
+    with torch.no_grad():
+        got = ranker(ranker_input(clusters, titles))
+        want = []
+        for c, t in zip(clusters, titles):
+            units = [tokens(u) for u in c]
+            cond = tokens(t).max(0).values if t is not None else torch.stack([u.max(0).values for u in units]).mean(0)
+            for u in units:
+                p = torch.tanh(ranker.match(torch.cat([u, cond.expand_as(u)], -1)))
+                want.append(ranker.head(p.max(0).values))
+        torch.testing.assert_close(got, torch.cat(want), atol=1e-5, rtol=1e-5)
+        # the title matters where there is one, not elsewhere
+        other = ranker(ranker_input(clusters, [[np.array([30, 31, 32])], None]))
+    assert not torch.allclose(other[:2], got[:2]) and torch.allclose(other[2:], got[2:])
+    with pytest.raises(ValueError, match="RankerInput"):
+        ranker(pack_clusters(clusters).units)

@@ -98,7 +98,7 @@ class ClusterEvaluation(AbstractiveEvaluation):
         if self.mds:  # the model reads units as it was trained to: its ranking, budget and unit cap
             mds_cfg = meta["mds"]
         elif meta["decoder"].get("mds"):  # a flat baseline trained on clusters records the same settings
-            mds_cfg = MDSConfig.model_validate(meta["decoder"]["mds"])
+            mds_cfg = MDSConfig.from_export(meta["decoder"]["mds"])
         self.trained_budget = mds_cfg.budget_tokens
         if self.settings.ranking:  # e.g. the learned ranker at test time, or tfidf for an ablation
             mds_cfg = mds_cfg.model_copy(update={"ranking": self.settings.ranking})

@@ -47,9 +47,11 @@ def budget_cut(order: np.ndarray, unit_tokens: np.ndarray, budget: int, top: int
 class RankedClusters(RowView):
     """A view of a cluster `DocumentDataset` split: item i = the selected units of cluster i in rank order
     (a list of unit Documents, `units(i)`), `__getitem__` = their sentences back to back (what a flat
-    single-document model reads). Only clusters with a summary are kept (`rows`)."""
+    single-document model reads). Only clusters with a summary are kept (`rows`). With `title_unit`, a
+    cluster's title (where it has one) comes first, as unit 0 — Liu & Lapata's summarizer reads "the title
+    and the L' best paragraphs"; it is not counted against the budget, and takes one of `max_units`."""
     def __init__(self, dataset, ranking: str = "tfidf", budget: int = 800, top: int | None = None,
-                 scores: Sequence[np.ndarray] | None = None, max_units: int | None = None):
+                 scores: Sequence[np.ndarray] | None = None, max_units: int | None = None, title_unit: bool = False):
         if not getattr(dataset, "is_clusters", False):
             raise ValueError(f"{dataset.dir} is not a cluster dataset (manifest kind: "
                              f"{dataset.manifest.get('kind', 'documents')}); multi-document heads need clusters")
@@ -60,7 +62,7 @@ class RankedClusters(RowView):
         keep = [i for i in range(len(dataset)) if dataset.summary(i) is not None]
         self.rows = np.asarray(keep, dtype=np.int64)
         self.skipped_no_summary = len(dataset) - len(keep)
-        orders, lens, nsents = [], [], []
+        orders, lens, nsents, titled = [], [], [], []
         for k, i in enumerate(keep):
             unit_tokens = self._unit_tokens(i)
             if scores is not None:
@@ -75,16 +77,22 @@ class RankedClusters(RowView):
             else:
                 s = -np.arange(len(unit_tokens), dtype=np.float64)
             top_units = top if max_units is None else min(top or max_units, max_units)
+            title = dataset.title_ids(i) if title_unit and (max_units is None or max_units > 1) else None
+            if title is not None and top_units is not None:
+                top_units = max(1, top_units - (1 if max_units is not None and top_units >= max_units else 0))
             sel = budget_cut(rank_order(s), unit_tokens, budget, top_units)
             orders.append(sel)
-            n_sents = int(self._unit_sentences(i)[sel].sum())
+            titled.append(title is not None)
+            n_sents = int(self._unit_sentences(i)[sel].sum()) + (title is not None)
             nsents.append(n_sents)
-            lens.append(int(unit_tokens[sel].sum()) - n_sents)   # words only, as DocumentDataset counts
+            words = int(unit_tokens[sel].sum()) + (len(title[0]) + 1 if title is not None else 0)
+            lens.append(words - n_sents)   # words only, as DocumentDataset counts
         self.order_offsets = np.concatenate([[0], np.cumsum([len(o) for o in orders])]).astype(np.int64)
         self.orders = np.concatenate(orders).astype(np.int64) if orders else np.zeros(0, np.int64)
         self.doc_num_tokens = np.asarray(lens, dtype=np.int64)
         self.doc_num_sentences = np.asarray(nsents, dtype=np.int64)
         self.doc_source = np.arange(len(keep), dtype=np.int64)
+        self.titled = np.asarray(titled, dtype=bool)   # view item k reads its title as unit 0
 
     # ------------------------------------------------------------------ per cluster
     def _unit_tokens(self, i: int) -> np.ndarray:
@@ -102,12 +110,16 @@ class RankedClusters(RowView):
         return self.orders[self.order_offsets[k]:self.order_offsets[k + 1]]
 
     def units(self, k: int) -> list[list[np.ndarray]]:
-        all_units = self.base.units(int(self.rows[k]))
-        return [all_units[j] for j in self.order(k).tolist()]
+        row = int(self.rows[k])
+        all_units = self.base.units(row)
+        title = [self.base.title_ids(row)] if self.titled[k] else []
+        return title + [all_units[j] for j in self.order(k).tolist()]
 
     def units_text(self, k: int) -> list[list[str]]:
-        all_units = self.base.units_text(int(self.rows[k]))
-        return [all_units[j] for j in self.order(k).tolist()]
+        row = int(self.rows[k])
+        all_units = self.base.units_text(row)
+        title = [[self.base.title(row)]] if self.titled[k] else []
+        return title + [all_units[j] for j in self.order(k).tolist()]
 
     def __getitem__(self, k: int) -> list[np.ndarray]:
         return [s for u in self.units(k) for s in u]
@@ -208,6 +220,9 @@ def data_note(dataset) -> dict[str, Any]:
 def ranked_sentences(view, k: int) -> list[str]:
     """Cluster k's title (if any) then its units in the view's rank order, as sentences."""
     title = view.title(k)
+    read = getattr(view, "titled", None)
+    if read is not None and read[k]:  # the view already reads it as unit 0
+        return view.sentences_text(k)
     return ([title] if title else []) + view.sentences_text(k)
 
 

@@ -29,10 +29,9 @@ def stored_mds_config(stored: dict[str, Any]) -> MDSConfig:
     """The `mds:` settings an export was trained with; one without `global_layer` predates the paper's
     per-head projections (eq. 16-19) and loads as the `v0` form it was trained with, one without
     `graph_weighting` predates eq. 25 and builds its unit graph as it was trained (`sublinear`), one without
-    the structural switches predates Chowdhury et al.'s split, root term and decoder context (all off)."""
-    legacy = {"global_layer": "v0", "graph_weighting": "sublinear", "structural_split": False,
-              "structural_root": False, "structural_decoder": False}
-    return MDSConfig.model_validate({**legacy, **stored})
+    the structural switches predates Chowdhury et al.'s split, root term and decoder context (all off), one
+    without `title_unit` read no title (MDSConfig.LEGACY)."""
+    return MDSConfig.from_export(stored)
 
 
 def stored_mds_settings(export_dir: Path) -> MDSConfig:

@@ -34,7 +34,7 @@ def evaluate_ranker(cfg: Config, args: EvalSettings, local: Path, ref: str) -> d
         raise UserError(f"hibert evaluate: split {args.split!r} of {cfg.data.dataset_dir} has no clusters with "
                          "summaries")
     texts = [view.units_text(k) for k in range(n)]
-    scores = score_clusters(model, [view.units(k) for k in range(n)], device)
+    scores = score_clusters(model, [view.units(k) for k in range(n)], device, [view.title_ids(k) for k in range(n)])
     orders = {"ranker": [rank_order(s) for s in scores],
               "tfidf": [rank_order(tfidf_scores([" ".join(u) for u in t], view.title(k))) for k, t in enumerate(texts)],
               "document_order": [np.arange(len(t)) for t in texts],

@@ -9,8 +9,7 @@ import torch
 
 from hibert.config.mds import MDSConfig
 from hibert.finetune.base.exports import load_head_export, read_json
-from hibert.modeling.clusters import pack_clusters
-from hibert.modeling.ranker import HibertRanker
+from hibert.modeling.ranker import HibertRanker, ranker_input
 
 RANKER_WEIGHTS = "ranker.safetensors"
 
@@ -20,26 +19,31 @@ RANKER_CONFIG = "ranker.json"
 
 @torch.no_grad()
 def score_clusters(model: torch.nn.Module, clusters: list[list[list[np.ndarray]]], device: torch.device | str,
-                   max_tokens: int = 32768) -> list[np.ndarray]:
-    """Ranker scores of every unit of every cluster (clusters batched up to `max_tokens`), in input order."""
+                   titles: list[list[np.ndarray] | None] | None = None, max_tokens: int = 32768) -> list[np.ndarray]:
+    """Ranker scores of every unit of every cluster (clusters batched up to `max_tokens`), in input order.
+    `titles`: each cluster's title as sentences of ids, or None (a title-conditioned ranker then reads the
+    cluster's centroid)."""
     out: list[np.ndarray] = []
     batch: list[list[list[np.ndarray]]] = []
+    batch_titles: list[list[np.ndarray] | None] = []
+    titles = titles if titles is not None else [None] * len(clusters)
     tokens = 0
 
     def flush() -> None:
         if batch:
-            packed = pack_clusters(batch).to(device)
-            s = model(packed.units).float().cpu().numpy()
+            s = model(ranker_input(batch, batch_titles).to(device)).float().cpu().numpy()
             counts = [len(c) for c in batch]
             out.extend(np.split(s, np.cumsum(counts)[:-1]))
             batch.clear()
+            batch_titles.clear()
 
-    for c in clusters:
+    for c, t in zip(clusters, titles):
         n = sum(len(s) + 1 for u in c for s in u)
         if batch and tokens + n > max_tokens:
             flush()
             tokens = 0
         batch.append(c)
+        batch_titles.append(t)
         tokens += n
     flush()
     return out
@@ -51,7 +55,7 @@ def load_ranker(export_dir: Path, device: torch.device | str = "cpu") -> tuple[t
     settings = {}
 
     def build(model_cfg):
-        settings["mds"] = MDSConfig.model_validate(read_json(export_dir / RANKER_CONFIG)["mds"])
+        settings["mds"] = MDSConfig.from_export(read_json(export_dir / RANKER_CONFIG)["mds"])
         return HibertRanker(model_cfg, settings["mds"].ranker_pool)
 
     model, meta, model_cfg = load_head_export(

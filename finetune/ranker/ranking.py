@@ -36,7 +36,7 @@ def ranked_view(cfg: Config, dataset, rt=None, run_dir: Path | None = None, reus
     already written by this run for the same ranker reference are read back, so a resumed run ranks exactly
     as it started even if the registry alias has moved since, and does not rescore the split."""
     m = cfg.mds
-    common = {"budget": m.budget_tokens, "top": m.top_units, "max_units": m.max_units}
+    common = {"budget": m.budget_tokens, "top": m.top_units, "max_units": m.max_units, "title_unit": m.title_unit}
     if m.ranking_kind != "learned":
         return RankedClusters(dataset, m.ranking, **common)
     run_dir = run_dir or cfg.run_dir
@@ -71,4 +71,5 @@ def learned_scores(cfg: Config, dataset, ref: str, run_dir: Path, device) -> tup
     model, meta = load_ranker(resolve_model(pinned, uri, run_dir / "ranker"), device)
     view = all_units_view(dataset)
     log.info("ranking %d %s clusters with %s (%s)", len(view), dataset.split, ref, pinned)
-    return score_clusters(model, [view.units(i) for i in range(len(view))], device), pinned
+    n = len(view)
+    return score_clusters(model, [view.units(i) for i in range(n)], device, [view.title_ids(i) for i in range(n)]), pinned

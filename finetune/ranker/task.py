@@ -23,24 +23,16 @@ from hibert.finetune.base.task import EncoderHead, encoder_and_head_groups
 from hibert.finetune.ranker.export import RANKER_CONFIG, RANKER_WEIGHTS, score_clusters
 from hibert.finetune.ranker.metrics import ranking_table
 from hibert.modeling import flops_per_batch
-from hibert.modeling.clusters import pack_clusters
 from hibert.modeling.packing import TensorBundle
-from hibert.modeling.ranker import HibertRanker, ranker_loss
+from hibert.modeling.ranker import HibertRanker, RankerInput, ranker_input, ranker_loss
 from hibert.runtime.export import gather_fp32_state_dict, load_encoder
 from hibert.runtime.task import LoaderItem, ParamGroup, Task
 
 
 @dataclass
 class RankerBatch(TensorBundle):
-    clusters: object          # modeling.clusters.PackedClusters
+    inp: RankerInput          # the units, where each sits (the loss groups by cluster), the clusters' titles
     labels: Tensor            # [U] ROUGE-2 recall of every unit (cluster-major, as packed)
-
-    def to(self, device, non_blocking: bool = True) -> "RankerBatch":
-        return RankerBatch(self.clusters.to(device, non_blocking=non_blocking),
-                           self.labels.to(device, non_blocking=non_blocking))
-
-    def pin_memory(self) -> "RankerBatch":
-        return RankerBatch(self.clusters.pin_memory(), self.labels.pin_memory())
 
 
 class RankerTask(EncoderHead, Task):
@@ -69,7 +61,7 @@ class RankerTask(EncoderHead, Task):
 
     # ---------------------------------------------------------------- data
     def make_item(self, dataset, doc_indices: np.ndarray, epoch: int) -> LoaderItem:
-        clusters, labels = [], []
+        clusters, labels, titles = [], [], []
         for i in doc_indices.tolist():
             units = dataset.units(i)
             scores = dataset.unit_scores(i)
@@ -77,8 +69,10 @@ class RankerTask(EncoderHead, Task):
                 raise ValueError(f"{dataset.split} cluster {dataset.doc_id(i)} has no summary: the ranker needs "
                                  "ROUGE-2 recall labels")
             clusters.append(units)
+            titles.append(dataset.title_ids(i))
             labels.append(np.asarray(scores, dtype=np.float32)[dataset.order(i)])
-        batch = RankerBatch(pack_clusters(clusters), torch.from_numpy(np.concatenate(labels)))
+        inp = ranker_input(clusters, titles)
+        batch = RankerBatch(inp, torch.from_numpy(np.concatenate(labels)))
         sent_lens = [len(s) + 1 for c in clusters for u in c for s in u]
         unit_lens = [len(u) for c in clusters for u in c]
         flops = flops_per_batch(self.model_cfg, sent_lens, unit_lens, [], backward=True)
@@ -86,8 +80,8 @@ class RankerTask(EncoderHead, Task):
 
     def loss(self, engine, item: LoaderItem):
         batch: RankerBatch = item.batch
-        scores = engine(batch.clusters.units)
-        loss, counted = ranker_loss(scores.float(), batch.labels, batch.clusters.layout, self.cfg.mds.ranker_loss)
+        scores = engine(batch.inp)
+        loss, counted = ranker_loss(scores.float(), batch.labels, batch.inp.layout, self.cfg.mds.ranker_loss)
         n = torch.as_tensor(float(counted), dtype=torch.float64)
         return loss, {"loss_sum": loss.detach().double() * n, "clusters": n}
 
@@ -111,7 +105,8 @@ class RankerTask(EncoderHead, Task):
         model = self.new_model()
         model.load_state_dict(state)
         n = min(len(data), self.cfg.finetune.eval_decode_docs)
-        scores = score_clusters(model.to(device).eval(), [data.units(i) for i in range(n)], device)
+        scores = score_clusters(model.to(device).eval(), [data.units(i) for i in range(n)], device,
+                                [data.title_ids(i) for i in range(n)])
         texts = [data.units_text(i) for i in range(n)]
         orders = {"model": [rank_order(s) for s in scores],
                   "tfidf": [rank_order(tfidf_scores([" ".join(u) for u in t], data.title(i)))

@@ -2,7 +2,7 @@
 sits between the HIBERT (local) encoder and the abstractive decoder (Liu & Lapata 2019; graph-informed
 attention, their eq. 24; structural attention, Chowdhury et al.)."""
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -42,12 +42,15 @@ class MDSConfig(Section):
     structural_split: bool = True     # eq. 1: a structural half scores the tree, a semantic half is aggregated
     structural_root: bool = True      # the root term a^r_i e_root in each unit's parent context
     structural_decoder: bool = True   # the decoder's structural context c_struct feeds P_vocab and p_gen
-    ranker_pool: Literal["mean", "attention"] = "attention"  # unit vector from its sentence states
+    # unit vector: title = Liu & Lapata eq. 1-6 (unit tokens matched against the max-pooled title, or the cluster
+    # centroid without one); mean / attention = its own sentence states pooled (no title)
+    ranker_pool: Literal["title", "mean", "attention"] = "title"
     ranker_loss: Literal["regression", "listwise"] = "listwise"
     # how units are ordered before the budget cut: tfidf (to the title, else the centroid), lead (document
     # order), oracle (the ROUGE-2 recall labels: an upper bound), or a learned ranker (models:/hibert-ranker@...)
     ranking: str = "tfidf"
     budget_tokens: int = Field(800, ge=16)               # the summarizer reads the top units within this
+    title_unit: bool = True    # the cluster's title (where it has one) is read first, as unit 0 (Liu & Lapata)
     top_units: int | None = Field(None, ge=1)           # and at most this many
 
     @field_validator("ranking")
@@ -59,3 +62,14 @@ class MDSConfig(Section):
     @property
     def ranking_kind(self) -> RankingKind:
         return ranking_kind(self.ranking)
+
+    # what an export written before a setting existed was trained with, for each setting added since
+    LEGACY: ClassVar[dict] = {"global_layer": "v0", "graph_weighting": "sublinear", "structural_split": False,
+              "structural_root": False, "structural_decoder": False, "title_unit": False,
+              "ranker_pool": "attention"}
+
+    @classmethod
+    def from_export(cls, stored: dict) -> "MDSConfig":
+        """The `mds:` settings an export recorded; a setting it predates takes the value it was trained with
+        (LEGACY), not today's default."""
+        return cls.model_validate({**cls.LEGACY, **stored})
