@@ -289,13 +289,13 @@ def _run(args: argparse.Namespace) -> int:
     if "=" in args.recipe:  # `hibert demo key=value`: an override, not a recipe
         args.overrides, args.recipe = [args.recipe, *args.overrides], "demo"
     recipe = find_recipe(args.recipe)
-    if args.seeds:
+    cfg = load_config(recipe, args.overrides)
+    if args.seeds:  # the chain's shape only: the stages' own command lines (and so their reuse) do not change
         try:
             seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         except ValueError:
             raise UserError(f"[demo] --seeds {args.seeds!r}: comma-separated integers, e.g. 1,2,3") from None
-        args.overrides = [*args.overrides, f"slurm.seeds=[{','.join(map(str, seeds))}]"]
-    cfg = load_config(recipe, args.overrides)
+        cfg = load_config(recipe, [*args.overrides, f"slurm.seeds=[{','.join(map(str, seeds))}]"])
     t0 = time.time()
     only = [name.strip() for name in args.stages.split(",") if name.strip()] if args.stages else None
     rows = run_stages(cfg, recipe, args.nproc, args.fresh, args.overrides, only)

@@ -31,5 +31,16 @@ def test_demo_pipeline_runs_every_stage_and_reuses_them(tmp_path, repo):
         ["finetuned"]]
     abstract = json.loads((tmp_path / "finetune-abs" / "report-test" / "report.json").read_text())
     assert abstract["meta"]["task"] == "abstractive" and "abstractiveness" in abstract
+    # four steps of training cannot write: the demo says so instead of printing repeated pieces as a summary
+    assert "(not shown) this model's decoder cannot write yet" in out.stdout
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=repo)
     assert again.returncode == 0 and again.stdout.count("reused") >= 12
+    # --seeds: the extractive stage twice more (seeds 1, 2), its evaluation per seed; the encoders are reused
+    seeded = subprocess.run([*cmd, "--seeds", "1,2", "--stages", "finetune,evaluate"], capture_output=True,
+                            text=True, timeout=600, cwd=repo)
+    assert seeded.returncode == 0, seeded.stdout[-4000:] + seeded.stderr[-4000:]
+    assert "pretrain-in    reused" in seeded.stdout
+    for stage in ("finetune-seed1", "finetune-seed2", "evaluate-seed1", "evaluate-seed2"):
+        assert f"{stage:<14} done" in seeded.stdout, stage
+    assert (tmp_path / "finetune-seed2" / "report-test" / "report.json").is_file()
+    assert "finetune (hibert-encoder@in-domain), 3 seeds" in seeded.stdout   # the unseeded run + seeds 1, 2
