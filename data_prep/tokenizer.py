@@ -35,7 +35,12 @@ def load(path: str | Path) -> Any:
     """A SentencePieceProcessor, after checking the special ids."""
     import sentencepiece as spm
 
-    sp = spm.SentencePieceProcessor(model_file=str(path))
+    try:
+        sp = spm.SentencePieceProcessor(model_file=str(path))
+    except (OSError, RuntimeError) as e:  # missing, truncated, or not a SentencePiece model at all
+        from hibert.errors import UserError
+
+        raise UserError(f"{path} is not a readable SentencePiece model ({str(e).splitlines()[0][:200]})") from None
     got = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id(),
            sp.piece_to_id(T.USER_DEFINED_SYMBOLS[0]), sp.piece_to_id(T.USER_DEFINED_SYMBOLS[1]))
     want = (T.PAD_ID, T.UNK_ID, T.BOS_ID, T.EOS_ID, T.MASK_ID, T.SEP_ID)

@@ -26,7 +26,7 @@ from hibert.finetune.base.generation import (
 )
 from hibert.finetune.base.settings import EvalSettings, SummarizeSettings
 from hibert.finetune.base.fluency import fluency_note
-from hibert.finetune.base.text import InputError, Summary, read_clusters, read_documents
+from hibert.finetune.base.text import InputError, Summary, check_lengths, read_clusters, read_documents
 from hibert.finetune.heads import EvalOutcome, HeadSpec, get_head, head_of_export
 from hibert.redact import redact_uri
 from hibert.registry import ensure_experiment, resolve_model, tracking_uri
@@ -93,12 +93,23 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare", nargs="*", default=[], metavar="NAME=REPORT",
                    help="pair this model with other runs on the same documents: NAME=<run dir | report dir | "
                         "report.json> (e.g. the extractive model, a random-init decoder)")
-    p.add_argument("--limit", type=int, default=None, help="abstractive: decode only the first N documents")
+    p.add_argument("--limit", type=positive_int, default=None, help="abstractive: decode only the first N documents")
     p.add_argument("--budget-tokens", type=int, default=None, help="clusters: source tokens the model reads "
                    "(default: as trained; e.g. train on 800, test on 1600)")
     p.add_argument("--ranking", type=_ranking_arg, default=None, help="clusters: how units are ranked before the budget cut "
                    "(tfidf, lead, oracle, or a ranker: models:/hibert-ranker@finetuned); default: the model's")
     add_generation_arguments(p)
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count: an integer >= 1 (0 or a negative count is a mistake, not "all")."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be >= 1")
+    return value
 
 
 def _model_ref(cfg: Config, ref: str | None) -> str:
@@ -121,9 +132,13 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
     except DecodingFlagError as e:
         print(f"hibert evaluate: {e}", file=sys.stderr)
         return 2
-    uri = tracking_uri(cfg.tracking.uri, cfg.run.output_dir)
+    uri = tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False)
     ref = _model_ref(cfg, args.model)
-    local = resolve_model(ref, uri, cfg.run_dir / "eval-model")
+    try:
+        local = resolve_model(ref, uri, cfg.run_dir / "eval-model")
+    except (FileNotFoundError, UserError) as e:
+        print(f"hibert evaluate: cannot load model {ref!r}: {e}", file=sys.stderr)
+        return 2
     try:  # the flags against the model's settings, before it loads
         head = head_of_export(local)  # (a head module named in $HIBERT_HEADS that fails to import: one line)
         _check_decoding(head, local, settings)
@@ -139,11 +154,14 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
     try:
         clusters = DocumentDataset(cfg.data.dataset_dir, settings.split).is_clusters
         outcome = head.evaluate(cfg, settings, local, ref, clusters)
+    except FileNotFoundError as e:  # the dataset (or a file of the model) is not there
+        print(f"hibert evaluate: {e}", file=sys.stderr)
+        return 1
     except UserError as e:
         print(e, file=sys.stderr)
         return 1
-    if outcome.result is not None:
-        _log_to_mlflow(cfg, uri, outcome)
+    if outcome.result is not None:  # the report's metrics join the store (made here if it is the default one)
+        _log_to_mlflow(cfg, tracking_uri(cfg.tracking.uri, cfg.run.output_dir), outcome)
     print("\n".join(outcome.lines))
     return 0
 
@@ -174,8 +192,8 @@ def add_summarize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranking", type=_ranking_arg, default=None, help="multi-document model: rank units by tfidf or lead, or "
                    "by a ranker (models:/hibert-ranker@finetuned); default: as the model was trained")
     p.add_argument("--field", default="text", help="JSONL field holding the document text")
-    p.add_argument("--k", type=int, default=None, help="sentences to extract (default: the model's)")
-    p.add_argument("--limit", type=int, default=None, help="summarize at most N documents of a JSONL input")
+    p.add_argument("--k", type=positive_int, default=None, help="sentences to extract (default: the model's)")
+    p.add_argument("--limit", type=positive_int, default=None, help="summarize at most N documents of a JSONL input")
     p.add_argument("--json", action="store_true", help="print one JSON object per document")
     add_generation_arguments(p)
 
@@ -214,7 +232,8 @@ def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
     ref = _model_ref(cfg, args.model)
     sources = args.input or ["-"]
     try:
-        local = resolve_model(ref, tracking_uri(cfg.tracking.uri, cfg.run.output_dir), cfg.run_dir / "summarize-model")
+        local = resolve_model(ref, tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False),
+                              cfg.run_dir / "summarize-model")
         head, load_error = head_of_export(local), None
     except (FileNotFoundError, ValueError) as e:
         head, load_error = None, e
@@ -227,6 +246,8 @@ def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
                              "(mds) model")
         else:
             inputs = list(read_documents(sources[0], args.field, args.limit))
+        if head is not None:
+            check_lengths(inputs, local, clusters)
     except InputError as e:
         print(f"hibert summarize: {e}", file=sys.stderr)
         return 2

@@ -121,8 +121,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as e:
             print(f"hibert {args.command}: {e}", file=sys.stderr)
             return 2
-        if args.print_config:
-            print(dump_yaml(cfg), end="")
+        if args.print_config:  # secrets masked: the printout ends up in logs; config.resolved.yaml keeps them
+            import yaml
+
+            from hibert.redact import redact_config_dict
+
+            print(yaml.safe_dump(redact_config_dict(cfg.model_dump(mode="json")), sort_keys=False), end="")
             return 0
     try:
         handler = _resolve(target)

@@ -56,6 +56,15 @@ _FLAG = re.compile(r"(?P<name>--[A-Za-z][A-Za-z0-9_-]*)(?P<sep>\s+)(?P<value>\"[
 # tokens recognisable without a name
 _KNOWN = re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|hf_[A-Za-z0-9]{20,}"
                     r"|sk-[A-Za-z0-9_-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,}|(?:AKIA|ASIA)[0-9A-Z]{16})\b")
+# user:password@host where the password holds what a URI may not (/ # ? or a space, unencoded): the password
+# runs to the first '@' that is followed by a host (and port) and then a path, a quote, a space or the end
+_USERINFO_LOOSE = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:/@\s'\"]*):(?P<pw>[^\n'\"@]*?)"
+                             r"@(?=[A-Za-z0-9][A-Za-z0-9.-]*(?::\d+)?(?:[/?#\s'\"]|$))")
+# secrets carried in a URL path: Slack / Discord / Teams-style incoming webhooks
+_WEBHOOK = re.compile(r"(?P<base>https?://(?:hooks\.slack\.com/(?:services|workflows)|(?:[a-z]+\.)?discord(?:app)?\.com"
+                      r"/api/webhooks|[A-Za-z0-9.-]+\.webhook\.office\.com/webhookb2))/[^\s'\"]+")
+# `-p value` (mysql, sshpass, ... password flags; over-eager on purpose: `-p 22` is masked too)
+_SHORT_P = re.compile(r"(?P<flag>(?:^|\s)-p)(?P<sep>\s+)(?P<value>\S+)")
 
 
 def _mask_userinfo(m: re.Match) -> str:
@@ -83,7 +92,10 @@ def redact_uri(s: str) -> str:
     text containing URIs (a setup line, an error message). Non-strings are returned unchanged."""
     if not isinstance(s, str) or not s:
         return s
-    out = _USERINFO.sub(_mask_userinfo, s)
+    out = _USERINFO_LOOSE.sub(lambda m: f"{m.group('scheme')}{m.group('user')}:{MASK}@", s)
+    out = _USERINFO.sub(_mask_userinfo, out)
+    out = _WEBHOOK.sub(lambda m: f"{m.group('base')}/{MASK}", out)
+    out = _SHORT_P.sub(lambda m: f"{m.group('flag')}{m.group('sep')}{MASK}", out)
     out = _ASSIGN.sub(_mask_named, out)
     out = _COLON.sub(_mask_named, out)
     out = _FLAG.sub(_mask_named, out)

@@ -105,18 +105,38 @@ def parse_models_ref(ref: str | None) -> tuple[str, str | None, str | None] | No
 
 
 def resolve_model(ref: str, uri: str, dst: str | Path | None = None) -> Path:
-    """`models:/name@alias`, `models:/name/3` or a local directory -> local directory with the files."""
+    """`models:/name@alias`, `models:/name/3` or a local directory -> local directory with the files. A
+    reference that cannot resolve is one `UserError` line naming it and the store, and writes nothing: a
+    malformed one, a sqlite store that does not exist (it is not created by looking), a missing model, alias or
+    version."""
+    from hibert.errors import UserError
+    from hibert.redact import redact_uri
+
     if not ref.startswith("models:/"):
         path = Path(ref)
         if not path.is_dir():
             raise FileNotFoundError(f"model reference {ref!r} is neither models:/... nor a directory")
         return path
+    parsed = parse_models_ref(ref)
+    if parsed is None or (parsed[2] is not None and not parsed[2].isdigit()):
+        raise UserError(f"model reference {ref!r}: write models:/<name>@<alias> or models:/<name>/<version number> "
+                        "(e.g. models:/hibert-abstractive@finetuned)")
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():
+        raise UserError(f"model reference {ref!r}: there is no registry at {db} (nothing was trained there); "
+                        "name the store (tracking.uri=..., run.output_dir=...) or pass an export directory")
     import mlflow
+    from mlflow.exceptions import MlflowException
 
     # models:/ resolution builds clients from MLflow's global URI (default: ./mlflow.db), so set it
     activate(uri)
-    local = mlflow.artifacts.download_artifacts(artifact_uri=ref, dst_path=str(dst) if dst else None,
-                                                tracking_uri=uri, registry_uri=uri)
+    try:
+        local = mlflow.artifacts.download_artifacts(artifact_uri=ref, dst_path=str(dst) if dst else None,
+                                                    tracking_uri=uri, registry_uri=uri)
+    except MlflowException as e:
+        reason = redact_uri(str(e.message).splitlines()[0])[:300]
+        raise UserError(f"model reference {ref!r} does not resolve in {redact_uri(uri)}: {reason} "
+                        "(hibert registry list shows what is there)") from None
     return Path(local)
 
 

@@ -175,3 +175,70 @@ def test_abstractive_decoder_starts_from_the_pretraining_decoder(finetuned, tmp_
     assert loaded >= 8, sorted(got)[:20]   # both layers' self-attention and FFN at least
     # the cross-attention has no pretraining counterpart: it keeps its fresh initialisation
     assert any(".cross." in k for k in got)
+
+
+def _damage(export: Path, dst: Path, how: str) -> Path:
+    import shutil
+
+    shutil.copytree(export, dst)
+    if how == "truncated encoder":
+        (dst / "encoder.safetensors").write_bytes((export / "encoder.safetensors").read_bytes()[:1000])
+    elif how == "truncated head":
+        (dst / "head.safetensors").write_bytes(b"\x10\x00")
+    elif how == "no tokenizer":
+        (dst / "tokenizer.model").unlink()
+    elif how == "random tokenizer":
+        (dst / "tokenizer.model").write_bytes(np.random.default_rng(0).bytes(3000))
+    elif how == "export.json list":
+        (dst / "export.json").write_text("[1, 2]")
+    elif how == "model.json garbage":
+        (dst / "model.json").write_text("{")
+    return dst
+
+
+DAMAGE = [("truncated encoder", "encoder.safetensors is damaged or not a safetensors file"),
+          ("truncated head", "head.safetensors is damaged or not a safetensors file"),
+          ("no tokenizer", "tokenizer.model is missing"),
+          ("random tokenizer", "tokenizer.model is not the tokenizer this model was trained with"),
+          ("export.json list", "export.json holds a JSON list, not an object"),
+          ("model.json garbage", "model.json is unreadable or not JSON")]
+
+
+def test_damaged_exports_and_unresolvable_references_are_one_line(finetuned, tmp_path, capsys, monkeypatch):
+    """Each damaged part of an export, and every malformed or missing models:/ reference: one line naming the
+    file or the reference, exit 2 (summarize) / 1-2 (evaluate), no traceback, nothing written where the user
+    did not ask (no registry created by looking one up)."""
+    from hibert.cli import main
+
+    root, over = finetuned
+    export = root / "ft" / "export"
+    assert (export / "head.safetensors").is_file()
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The council met on Monday. It approved the budget. Critics said taxes rise.")
+    for how, needle in DAMAGE:
+        bad = _damage(export, tmp_path / how.replace(" ", "-"), how)
+        assert main(["summarize", *over, "--model", str(bad), "--input", str(doc)]) == 2, how
+        err = capsys.readouterr().err
+        assert needle in err and str(bad) in err and "Traceback" not in err, (how, err)
+    bad = tmp_path / "truncated-encoder"
+    assert main(["evaluate", *over, "--model", str(bad), "--split", "valid", "--out", str(tmp_path / "r")]) != 0
+    assert "encoder.safetensors is damaged" in capsys.readouterr().err
+    # references, from an empty directory with the default store: nothing is created there
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.chdir(empty)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    for ref, needle in [("models:/", "write models:/<name>@<alias>"), ("models:/x@", "write models:/<name>@<alias>"),
+                        ("models:/x/abc", "<version number>"), ("models:/hibert-extractive@nope", "no registry at")]:
+        assert main(["summarize", "--model", ref, "--input", str(doc)]) == 2, ref
+        err = capsys.readouterr().err
+        assert needle in err and ref in err and "Traceback" not in err, (ref, err)
+    assert list(empty.iterdir()) == []
+    # in a store that exists: a missing alias, version or model names the reference and the store
+    store = [o for o in over if o.startswith("run.output_dir=")]
+    for ref in ("models:/hibert-extractive@nope", "models:/hibert-extractive/99", "models:/no-such-model@finetuned"):
+        assert main(["summarize", *store, "--model", ref, "--input", str(doc)]) == 2, ref
+        err = capsys.readouterr().err
+        assert "does not resolve in sqlite:///" in err and ref in err and "Traceback" not in err, (ref, err)
+        assert main(["evaluate", *over, "--model", ref, "--split", "valid"]) == 2, ref
+        assert "does not resolve" in capsys.readouterr().err

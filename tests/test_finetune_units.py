@@ -1,4 +1,6 @@
 """Extractive selection, baselines, ROUGE wrapper and bootstrap CIs on hand-checked cases."""
+import re
+
 import numpy as np
 import pytest
 from rouge_score import rouge_scorer
@@ -80,3 +82,32 @@ def test_paired_bootstrap_sees_what_overlapping_cis_hide():
     assert lo_a < hi_b                       # unpaired: the intervals overlap
     r = paired_bootstrap(better, base)
     assert 0 < r["low"] <= r["diff"] <= r["high"] and r["p_value"] < 0.01
+
+
+def test_summarize_inputs_json_lines_any_suffix_empty_records_clusters_and_length(tmp_path):
+    """JSON Lines by suffix whatever its case (.jsonl .JSONL .ndjson .json); an empty record, a cluster record for
+    a single-document model and a document above the export's max_doc_chars are one line naming the input."""
+    import json
+
+    from hibert.finetune.base.text import InputError, check_lengths, read_documents
+
+    for name in ("a.JSONL", "a.json", "a.ndjson"):
+        p = tmp_path / name
+        p.write_text(json.dumps({"text": "One sentence."}) + "\n")
+        assert list(read_documents(str(p), "text")) == [(f"{name}:1", "One sentence.")]
+    cases = [({"text": "  \n "}, "a.jsonl:1: field 'text' is empty"),
+             ({"documents": ["x.", "y."]}, "a.jsonl:1: a cluster (a 'documents' list)"),
+             ({"body": "x"}, "a.jsonl:1: no text field 'text'")]
+    for rec, needle in cases:
+        p = tmp_path / "a.jsonl"
+        p.write_text(json.dumps(rec) + "\n")
+        with pytest.raises(InputError, match=re.escape(needle)):
+            list(read_documents(str(p), "text"))
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "export.json").write_text(json.dumps({"data": {"limits": {"max_doc_chars": 100}}}))
+    check_lengths([("doc.txt", "x" * 100)], export, clusters=False)
+    with pytest.raises(InputError, match=r"doc.txt: 101 characters, above the 100"):
+        check_lengths([("doc.txt", "x" * 101)], export, clusters=False)
+    with pytest.raises(InputError, match=r"c.jsonl:1 \(document 2\): 150 characters"):
+        check_lengths([("c.jsonl:1", ["short", "y" * 150])], export, clusters=True)

@@ -41,6 +41,12 @@ SECRETS = ["hunter2", "s3cr3t", "abc123tok", "ghp_abcdefghijklmnopqrstuvwxyz0123
     ("AccountName=acct;AccountKey=abc123tok==;EndpointSuffix=core.windows.net",
      "AccountName=acct;AccountKey=***;EndpointSuffix=core.windows.net"),
     ("aws key AKIAIOSFODNN7EXAMPLE in a line", "aws key *** in a line"),
+    # passwords holding what a URI may not, unencoded: / # ? and spaces
+    ("http://bob:hun/ter#2?x y@mlflow.example.org:5000/api", "http://bob:***@mlflow.example.org:5000/api"),
+    ("tracking.uri=https://bob:a b@host", "tracking.uri=https://bob:***@host"),
+    ("https://hooks.slack.com/services/T0000/B0000/XXXXXXXXXXXXXXXX", "https://hooks.slack.com/services/***"),
+    ("https://discord.com/api/webhooks/123/abcDEF", "https://discord.com/api/webhooks/***"),
+    ("mysql -u root -p hunter2 mlflow", "mysql -u root -p *** mlflow"),
     # nothing to hide: unchanged
     ("http://10.0.0.5:5000", "http://10.0.0.5:5000"),
     ("sqlite:////shared/mlflow/mlflow.db", "sqlite:////shared/mlflow/mlflow.db"),
@@ -279,3 +285,52 @@ def test_manager_skips_foreign_tags_and_never_prunes_for_them(tmp_path, one_rank
     shutil.rmtree(ours)
     with pytest.raises(RuntimeError, match="not written by this platform.*checkpoint.resume=never"):
         mgr.resume(engine=None)
+
+
+def test_print_config_and_config_errors_never_show_a_secret(capsys):
+    """--print-config and a config error echo what the user typed: credentials in every shape are masked."""
+    from hibert.cli import main
+
+    secrets = ["tracking.uri=https://bob:hun/ter#2@mlflow.example.org:5000",
+               "slurm.env={HF_TOKEN: hf_abcdefghijklmnopqrstuvwxyzABCD, WANDB_API_KEY: s3cr3t}",
+               "slurm.setup=[export AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI, mysql -u me -p abc123tok db]"]
+    assert main(["finetune", "demo", *secrets, "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert "mlflow.example.org" in out and "HF_TOKEN" in out
+    for leaked in ("hun/ter#2", "hf_abcdefghijklmnopqrstuvwxyzABCD", "s3cr3t", "wJalrXUtnFEMI", "abc123tok"):
+        assert leaked not in out, leaked
+    assert main(["finetune", "demo", *secrets, "run.name=not a name"]) == 2
+    err = capsys.readouterr().err
+    assert "run.name" in err and not any(s in err for s in ("hun/ter#2", "s3cr3t", "abc123tok"))
+
+
+def test_config_files_and_values_that_cannot_work_are_one_line(tmp_path, capsys):
+    from hibert.cli import main
+
+    assert main(["finetune", str(tmp_path), "--print-config"]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert main(["finetune", "demo", "run.output_dir=${run.output_dir}", "--print-config"]) == 2
+    assert "interpolation is one level" in capsys.readouterr().err
+    assert not (tmp_path / "${run.output_dir}").exists()
+    bomb = tmp_path / "bomb.yaml"   # a YAML alias bomb: tiny file, huge value; the error stays short
+    bomb.write_text("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+                    "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+                    "run: {name: [*d, *d, *d, *d, *d, *d, *d, *d, *d]}\n")
+    assert main(["finetune", str(bomb), "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "run.name" in err and len(err) < 2000
+
+
+def test_log_lines_and_uncaught_tracebacks_are_masked():
+    """What a job writes to its .err file: log lines and the traceback of an exception nobody caught (an MLflow
+    error quoting its store URI) go through the same redaction."""
+    import subprocess
+    import sys
+
+    code = ("from hibert.logs import setup_logging\nimport logging\nsetup_logging(0)\n"
+            "logging.getLogger('hibert.x').warning('retrying https://bob:hun/ter#2@mlflow.example.org:5000/api')\n"
+            "raise RuntimeError('cannot reach postgresql://u:s3cr3t@db:5432/mlflow, token=abc123tok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "RuntimeError: cannot reach postgresql://u:***@db:5432/mlflow" in r.stderr
+    assert "https://bob:***@mlflow.example.org:5000/api" in r.stderr
+    assert not any(s in r.stderr for s in ("hun/ter#2", "s3cr3t", "abc123tok"))

@@ -18,7 +18,7 @@ class AbstractiveSummarizer:
         self.decoder = Decoder(model, Path(export_dir) / "tokenizer.model", self.generation, device)
 
     def summarize_all(self, docs: list[tuple[str, str]]) -> list[Summary]:
-        encoded = [self.encode(text) for _, text in docs]
+        encoded = [self.encode(text, doc_id) for doc_id, text in docs]
         step = self.encode.cfg.max_doc_sentences
         todo = [i for i, (texts, _, _) in enumerate(encoded) if texts]
         # the encoder reads the first max_doc_sentences sentences, as in training

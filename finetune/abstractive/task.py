@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from hibert.config import Config
 from hibert.config.model import ModelConfig
@@ -32,7 +32,7 @@ from hibert.finetune.base.task import EncoderHead, encoder_and_head_groups
 from hibert.finetune.ranker.ranking import trained_mds_settings
 from hibert.modeling import flops_per_batch
 from hibert.modeling.abstractive import HibertAbstractive, make_abstractive_batch
-from hibert.runtime.export import gather_fp32_state_dict, load_encoder
+from hibert.runtime.export import gather_fp32_state_dict, load_encoder, read_weights
 from hibert.runtime.task import LoaderItem, ParamGroup, TokenNLLTask
 
 
@@ -147,4 +147,4 @@ def pretraining_decoder(cfg: Config, init) -> dict[str, torch.Tensor]:
     if path is None or not path.is_file():
         raise UserError(f"hibert finetune: finetune.init_decoder=true needs run.init to name a pretraining "
                         f"export with decoder.safetensors (run.init={cfg.run.init})")
-    return load_file(str(path))
+    return read_weights(path)

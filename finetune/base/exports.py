@@ -3,25 +3,21 @@ files, where a damaged file is one `ValueError` line naming it, worded as the co
 errors."""
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from pydantic import ValidationError
-from safetensors.torch import load_file
 
 from hibert.config.load import format_validation_error
 from hibert.config.model import ModelConfig
-from hibert.runtime.export import load_encoder, read_export
+from hibert.runtime.export import load_encoder, read_export, read_json_object, read_weights
 
 
 def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not JSON ({e})") from None
+    """A head's JSON settings file, which must hold an object (`UserError` naming it otherwise)."""
+    return read_json_object(path)
 
 
 def validated(schema, data, path: Path):
@@ -49,7 +45,7 @@ def load_head_export(export_dir: Path, device: torch.device | str, *, weights: s
             raise FileNotFoundError(missing(export_dir, name))
     model = build(model_cfg)
     load_encoder(model.encoder, enc)
-    absent, unexpected = into(model).load_state_dict(load_file(str(export_dir / weights)), strict=False)
+    absent, unexpected = into(model).load_state_dict(read_weights(export_dir / weights), strict=False)
     absent = [k for k in absent if not k.startswith("encoder.")]
     if absent or unexpected:
         raise ValueError(f"{export_dir}/{weights} does not fit the model: missing {absent[:5]}, "

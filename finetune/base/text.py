@@ -38,10 +38,19 @@ def looks_ptb(text: str) -> bool:
     return bool(_PTB_MARKERS.search(text)) and text == text.lower()
 
 
+JSON_LINES = (".jsonl", ".ndjson", ".json")   # read as one JSON object per line, whatever the case
+
+
+def is_json_lines(name: str) -> bool:
+    return Path(name).suffix.lower() in JSON_LINES
+
+
 def read_documents(source: str, field: str, limit: int | None = None) -> Iterator[tuple[str, str]]:
-    """(doc id, text) from a text file (one document), JSONL (one per line) or '-' (stdin)."""
+    """(doc id, text) from a text file (one document), JSON Lines (one per line: .jsonl, .ndjson, .json, any
+    case) or '-' (stdin). A record that is not an object with a non-empty text `field` is an error naming its
+    line (a cluster record, which holds a list of documents, says so)."""
     name, text = _read_text(source)
-    if name.endswith(".jsonl"):
+    if is_json_lines(name):
         n = 0
         for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
@@ -50,8 +59,13 @@ def read_documents(source: str, field: str, limit: int | None = None) -> Iterato
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise InputError(f"{name}:{lineno}: invalid JSON ({e.msg})") from None
+            if isinstance(rec, dict) and isinstance(rec.get("documents"), list) and field not in rec:
+                raise InputError(f"{name}:{lineno}: a cluster (a 'documents' list), but this model summarizes single "
+                                 "documents: use a multi-document (mds) model, or --field to name a text field")
             if not isinstance(rec, dict) or not isinstance(rec.get(field), str):
                 raise InputError(f"{name}:{lineno}: no text field {field!r} (use --field)")
+            if not rec[field].strip():
+                raise InputError(f"{name}:{lineno}: field {field!r} is empty, nothing to summarize")
             yield f"{name}:{lineno}", rec[field]
             n += 1
             if limit and n >= limit:
@@ -86,7 +100,7 @@ def read_clusters(sources: list[str], field: str, limit: int | None = None) -> I
     """(cluster id, document texts) for a multi-document model: several text files = one cluster (one
     document each); a .jsonl file = one cluster per line, its documents a list of strings in `field`
     (`documents` when the given field is the default 'text')."""
-    if len(sources) == 1 and sources[0].endswith(".jsonl"):
+    if len(sources) == 1 and is_json_lines(sources[0]):
         name, text = _read_text(sources[0])
         key = "documents" if field == "text" else field
         n = 0
@@ -112,6 +126,27 @@ def read_clusters(sources: list[str], field: str, limit: int | None = None) -> I
         yield name, [t for _, t in texts]
 
 
+def max_doc_chars(export_dir: Path) -> int:
+    """The document limit an export's training data was prepared with (export.json data.limits)."""
+    try:
+        meta = json.loads((Path(export_dir) / "export.json").read_text())
+        return int(meta["data"]["limits"]["max_doc_chars"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1_000_000   # prep's default
+
+
+def check_lengths(inputs: list, export_dir: Path, clusters: bool) -> None:
+    """Every input document within the export's max_doc_chars, checked before the model loads."""
+    limit = max_doc_chars(export_dir)
+    for name, body in inputs:
+        for k, text in enumerate(body if clusters else [body]):
+            if len(text) > limit:
+                where = f"{name} (document {k + 1})" if clusters else name
+                raise InputError(f"{where}: {len(text):,} characters, above the {limit:,} this model's training "
+                                 "data allowed (data.limits.max_doc_chars in its export.json): split the document, "
+                                 "or summarize its first part")
+
+
 class TextEncoder:
     """Raw text -> encoded sentences exactly as the model's training data was made (segmenter kind and
     limits recorded in the export's `data` settings, its own tokenizer)."""
@@ -123,11 +158,20 @@ class TextEncoder:
         self.cfg = DataConfig(segmenter=seg_cfg,
                               max_sentence_tokens=limits.get("max_sentence_tokens", 50),
                               max_doc_sentences=limits.get("max_doc_sentences", 30))
+        self.max_doc_chars = int(limits.get("max_doc_chars", 1_000_000))
         self.sentencizer = Sentencizer(self.cfg)
         self.sp = tok.load(Path(export_dir) / "tokenizer.model")
 
-    def paragraphs(self, text: str) -> tuple[list[tuple[list[str], list[np.ndarray]]], bool]:
+    def check(self, text: str, name: str) -> None:
+        """The export's document limit, applied as prep applied it to the training data."""
+        if len(text) > self.max_doc_chars:
+            raise InputError(f"{name}: {len(text):,} characters, above the {self.max_doc_chars:,} this model's "
+                             "training data allowed (data.limits.max_doc_chars in its export.json): split the "
+                             "document, or summarize its first part")
+
+    def paragraphs(self, text: str, name: str = "input") -> tuple[list[tuple[list[str], list[np.ndarray]]], bool]:
         """Per blank-line paragraph, its (sentence texts, subword ids) — empty sentences dropped — and PTB?"""
+        self.check(text, name)
         ptb = looks_ptb(text)
         paragraphs = [p for p in re.split(r"\n\s*\n", text) if p.strip()]
         out = []
@@ -140,8 +184,9 @@ class TextEncoder:
                 out.append(([texts[i] for i in keep], [ids[i] for i in keep]))
         return out, ptb
 
-    def __call__(self, text: str) -> tuple[list[str], list[np.ndarray], bool]:
+    def __call__(self, text: str, name: str = "input") -> tuple[list[str], list[np.ndarray], bool]:
         """(sentence texts, their subword ids, read as PTB?) — empty sentences dropped."""
+        self.check(text, name)
         ptb = looks_ptb(text)
         paragraphs = [p for p in re.split(r"\n\s*\n", text) if p.strip()]
         sents = [s for s in self.sentencizer.sentences([(paragraphs, ptb)])[0] if s[0].strip()]

@@ -24,7 +24,7 @@ class Summarizer:
 
     def __call__(self, doc_id: str, text: str, k: int | None = None) -> Summary:
         k = k or self.k
-        texts, ids, ptb = self.encode(text)
+        texts, ids, ptb = self.encode(text, doc_id)
         if not texts:
             return Summary(doc_id, [], [], 0, "no sentences found")
         if len(texts) <= k:

@@ -34,10 +34,10 @@ class ClusterSummarizer:
             self.ranker, _ = load_ranker(ranker_dir, device)
         self.device = device
 
-    def units(self, documents: list[str]) -> tuple[list[list[str]], list[list[np.ndarray]], bool]:
+    def units(self, documents: list[str], name: str = "input") -> tuple[list[list[str]], list[list[np.ndarray]], bool]:
         texts, ids, any_ptb = [], [], False
-        for doc in documents:
-            paragraphs, ptb = self.encode.paragraphs(doc)
+        for k, doc in enumerate(documents):
+            paragraphs, ptb = self.encode.paragraphs(doc, f"{name} (document {k + 1})")
             any_ptb |= ptb
             for t, x in paragraphs:
                 for a, b in windows(len(t), self.max_unit_sentences):
@@ -46,7 +46,7 @@ class ClusterSummarizer:
         return texts, ids, any_ptb
 
     def summarize_all(self, clusters: list[tuple[str, list[str]]]) -> list[Summary]:
-        prepared = [self.units(docs) for _, docs in clusters]
+        prepared = [self.units(docs, cid) for cid, docs in clusters]
         todo = [i for i, (t, _, _) in enumerate(prepared) if t]
         chosen = {}
         scores = score_clusters(self.ranker, [prepared[i][1] for i in todo], self.device) if self.ranker else None

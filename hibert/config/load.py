@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from hibert.config.schema import Config
+from hibert.redact import redact_uri
 
 RESOLVED_NAME = "config.resolved.yaml"
 
@@ -45,6 +46,10 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path} is a directory: name a recipe file (configs/recipes/*.yaml) or a recipe name") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read it as a YAML recipe ({str(e)[:200]})") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML: {e}") from None
     if data is None:
@@ -135,9 +140,16 @@ def interpolate(raw: dict[str, Any]) -> dict[str, Any]:
     of that key, taken from the config being loaded or the schema defaults. One level, no recursion."""
     defaults = Config().model_dump(mode="json")
 
+    def value(m: re.Match) -> str:
+        got = str(_lookup(raw, defaults, m.group(1)))
+        if _REF.search(got):  # a reference to a reference (or to itself): it would stay literal
+            raise ConfigError(f"${{{m.group(1)}}} is itself {got!r}: interpolation is one level; write the "
+                              "value out instead")
+        return got
+
     def sub(v: Any) -> Any:
         if isinstance(v, str):
-            return _REF.sub(lambda m: str(_lookup(raw, defaults, m.group(1))), v)
+            return _REF.sub(value, v)
         if isinstance(v, list):
             return [sub(x) for x in v]
         if isinstance(v, dict):
@@ -179,10 +191,14 @@ def format_validation_error(err: ValidationError, origin: str) -> str:
             lines.append(f"  {msg}" if not key or msg.startswith(key) else f"  {key}: {msg}")
         else:
             got = e.get("input")
-            got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+            shown = redact_uri(repr(got))
+            shown = shown if len(shown) <= 200 else shown[:200] + f"... ({len(shown):,} characters)"  # YAML alias bombs
+            got_s = "" if isinstance(got, dict) else f" (got {shown})"
             lines.append(f"  {key or '<root>'}: {e['msg']}{got_s}")
     if len(lines) == 2:  # one problem: one line
         return f"{lines[0]} {lines[1].strip()}"
+    if len(lines) > 21:
+        lines = [*lines[:21], f"  ... and {len(lines) - 21} more"]
     return "\n".join(lines)
 
 
@@ -202,8 +218,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     raw = interpolate(raw)
     try:
         return Config.model_validate(raw)
-    except ValidationError as e:
-        raise ConfigError(format_validation_error(e, origin + (f" + overrides {overrides}" if overrides else ""))) from None
+    except ValidationError as e:  # the overrides are echoed masked: they may carry a tracking URI's password
+        shown = f" + overrides {redact_uri(str(overrides))[:500]}" if overrides else ""
+        raise ConfigError(format_validation_error(e, origin + shown)) from None
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from hibert.config.base import Section
 
 
 class RunConfig(Section):
-    name: str = Field("hibert", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a directory name under output_dir
+    name: str = Field("hibert", max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a directory name under output_dir
     output_dir: str = Field("runs", min_length=1)  # each run writes under <output_dir>/<name>
     stage: Literal["open-domain", "in-domain", "finetune", "none"] = "none"
     init: str | None = None                # models:/name@alias, a local export dir, or None (random)

@@ -9,6 +9,7 @@ It is logged as an MLflow artifact dir and registered, so `models:/hibert-encode
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -19,8 +20,52 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from hibert.config.model import ModelConfig
+from hibert.errors import UserError
 
 WEIGHTS = "encoder.safetensors"
+TOKENIZER = "tokenizer.model"
+DAMAGED = "export it again, or fetch it again from the registry"
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file; a missing, truncated or foreign one is one `UserError` line naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path} is missing: {DAMAGED}")
+    try:
+        return load_file(str(path))
+    except Exception as e:  # safetensors' SafetensorError, OSError, ...: the file is not what it should be
+        reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise UserError(f"{path} is damaged or not a safetensors file ({reason}): {DAMAGED}") from None
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON object file of an export; anything else is one `UserError` line naming it."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path} is unreadable or not JSON ({str(e)[:200]}): {DAMAGED}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} holds a JSON {type(data).__name__}, not an object: {DAMAGED}")
+    return data
+
+
+def check_tokenizer(export_dir: Path, meta: dict[str, Any]) -> None:
+    """The export's tokenizer.model is the one it was trained with: the sha256 export.json recorded (a deleted,
+    replaced or corrupted tokenizer would otherwise summarize garbage or crash mid-beam)."""
+    tok = meta.get("data", {}).get("tokenizer", {}) if isinstance(meta.get("data"), dict) else {}
+    want = tok.get("sha256") if isinstance(tok, dict) else None
+    path = Path(export_dir) / TOKENIZER
+    if not path.is_file():
+        if want:
+            raise UserError(f"{path} is missing (the model was trained with tokenizer sha256 {want[:12]}...): "
+                            f"{DAMAGED}")
+        return
+    got = hashlib.sha256(path.read_bytes()).hexdigest() if want else None   # a tokenizer is a few hundred KB
+    if want and got != want:
+        raise UserError(f"{path} is not the tokenizer this model was trained with (sha256 {got[:12]}... "
+                        f"!= {want[:12]}... recorded in export.json): {DAMAGED}")
 
 
 def gather_fp32_state_dict(module: torch.nn.Module, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -62,14 +107,25 @@ def write_export(out_dir: Path, encoder_state: dict[str, torch.Tensor], model_cf
 
 
 def read_export(export_dir: Path) -> tuple[dict[str, torch.Tensor], ModelConfig, dict[str, Any]]:
+    """(encoder weights, model config, export.json) of an export; every damaged part is one `UserError` line
+    naming the file: weights, model.json, export.json, and the tokenizer against its recorded sha256."""
     export_dir = Path(export_dir)
     weights = export_dir / WEIGHTS
     if not weights.is_file():
         raise FileNotFoundError(f"{export_dir} is not an encoder export (no {WEIGHTS})")
-    cfg = ModelConfig.model_validate(json.loads((export_dir / "model.json").read_text()))
+    from pydantic import ValidationError
+
+    from hibert.config.load import format_validation_error
+
+    model_path = export_dir / "model.json"
+    try:
+        cfg = ModelConfig.model_validate(read_json_object(model_path))
+    except ValidationError as e:
+        raise UserError(f"{format_validation_error(e, str(model_path))}: {DAMAGED}") from None
     meta_path = export_dir / "export.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    return load_file(str(weights)), cfg, meta
+    meta = read_json_object(meta_path) if meta_path.exists() else {}
+    check_tokenizer(export_dir, meta)
+    return read_weights(weights), cfg, meta
 
 
 def load_encoder(encoder: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
