@@ -118,3 +118,41 @@ def test_an_init_export_with_another_tokenizer_or_none_is_refused(tmp_path):
     (export / "tokenizer.model").unlink()
     with pytest.raises(ValueError, match=r"run.init=.*export: the export has no tokenizer.model .* incomplete"):
         check_init_compatible(cfg, init, ours)
+
+
+def test_one_writer_per_run_directory_and_stale_locks_free_themselves(tmp_path):
+    """A second claim on a run directory names the live holder (pid, host) and refuses; when the holder dies
+    (kill -9: no cleanup code runs) the kernel drops its flock and the next claim succeeds."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from hibert.errors import UserError
+    from hibert.runtime.writer_lock import claim_run_dir
+
+    run = tmp_path / "run"
+    code = (f"from pathlib import Path\nfrom hibert.runtime.writer_lock import claim_run_dir\n"
+            f"lock = claim_run_dir(Path({str(run)!r}), True)\nprint('held', flush=True)\nimport time\ntime.sleep(60)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(UserError, match=rf"run directory .* is in use by pid {holder.pid} on "):
+            claim_run_dir(run, True)
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=30)
+        deadline = time.time() + 10
+        while True:   # the kernel releases the flock as the process goes
+            try:
+                lock = claim_run_dir(run, True)
+                break
+            except UserError:
+                assert time.time() < deadline
+                time.sleep(0.1)
+        assert lock is not None and lock.is_locked
+        assert f'"pid": {os.getpid()}' in (run / ".writer.json").read_text()
+        lock.release()
+    finally:
+        if holder.poll() is None:
+            holder.kill()

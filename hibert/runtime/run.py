@@ -36,6 +36,7 @@ from hibert.runtime.launch import launch_local
 from hibert.runtime.publish import NothingTrained
 from hibert.runtime.task import LoaderItem, ParamGroup, Task
 from hibert.runtime.trainer import Trainer
+from hibert.runtime.writer_lock import claim_run_dir
 
 __all__ = ["InitModel", "LoaderItem", "ParamGroup", "RunInputs", "Task", "prepare_run", "relaunch", "run_task",
            "load_init", "check_init_compatible"]
@@ -66,6 +67,7 @@ class RunInputs:
     valid: Any
     init: InitModel | None
     vocab_size: int
+    writer_lock: Any = None          # rank 0's claim on the run directory, held until the process ends
 
 
 def relaunch(cfg: Config, command: str, nproc: int) -> int:
@@ -118,6 +120,7 @@ def prepare_run(cfg: Config, check_init: bool = True) -> RunInputs:
 
     rt = init_distributed(cfg)
     setup_logging(rt.rank)
+    lock = claim_run_dir(cfg.run_dir, rt.is_main, rt.device)  # before anything is written there
     train_data = DocumentDataset(cfg.data.dataset_dir, "train")
     valid_data = DocumentDataset(cfg.data.dataset_dir, "valid")
     init = load_init(cfg, rt.rank)
@@ -126,7 +129,7 @@ def prepare_run(cfg: Config, check_init: bool = True) -> RunInputs:
             check_init_compatible(cfg, init, train_data.tokenizer_path)
         except ValueError as e:  # a configuration error, not a crash: one line, before any training
             raise UserError(f"hibert: {e}") from None
-    return RunInputs(rt, train_data, valid_data, init, vocab_size(train_data.tokenizer_path))
+    return RunInputs(rt, train_data, valid_data, init, vocab_size(train_data.tokenizer_path), lock)
 
 
 def run_task(cfg: Config, inputs: RunInputs, task: Task, command: str) -> int:
