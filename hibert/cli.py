@@ -109,9 +109,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     from hibert.logs import set_level, setup_logging
+    from hibert.registry import bound_http_retries
 
     set_level(args.log_level)
     setup_logging(0)
+    bound_http_retries()
     target, _, takes_config = COMMANDS[args.command]
     cfg = None
     if takes_config:

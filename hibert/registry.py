@@ -40,6 +40,53 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(path)
 
 
+# MLflow's own HTTP policy retries an unreachable server for minutes (7 retries, exponential backoff, a 120 s
+# timeout per request: `hibert registry list` on a dead port took 252 s). Ours is bounded; a user's own
+# MLFLOW_HTTP_REQUEST_* settings win.
+HTTP_POLICY = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+               "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+REACH_TIMEOUT_S = 5.0
+
+
+def bound_http_retries() -> None:
+    """Our retry policy for this process and every rank it starts (they inherit the environment)."""
+    for key, value in HTTP_POLICY.items():
+        os.environ.setdefault(key, value)
+
+
+def check_reachable(uri: str, timeout: float = REACH_TIMEOUT_S) -> None:
+    """An http(s) tracking server answers within `timeout` seconds (any HTTP answer counts: a 404 or 401 still
+    shows a live server), or one `UserError` line naming it, password masked. Other stores: nothing to check."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import base64
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from hibert.errors import UserError
+    from hibert.redact import redact_uri
+
+    parts = urllib.parse.urlsplit(uri)
+    headers = {}
+    if parts.username is not None:  # urllib does not read userinfo: send it as basic auth, as MLflow would
+        token = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(token.encode()).decode()
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    netloc += f":{parts.port}" if parts.port else ""
+    url = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/health", "", ""))
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise UserError(f"tracking server {redact_uri(uri)} is unreachable ({redact_uri(str(reason))[:200]}; "
+                        f"checked for {timeout:.0f} s before starting): start it, or fix tracking.uri / "
+                        "$MLFLOW_TRACKING_URI (unset both for the local store under run.output_dir)") from None
+
+
 def client(uri: str) -> Any:
     """A client bound to `uri`, without touching MLflow's global state."""
     from mlflow.tracking import MlflowClient
@@ -121,6 +168,7 @@ def resolve_model(ref: str, uri: str, dst: str | Path | None = None) -> Path:
     if parsed is None or (parsed[2] is not None and not parsed[2].isdigit()):
         raise UserError(f"model reference {ref!r}: write models:/<name>@<alias> or models:/<name>/<version number> "
                         "(e.g. models:/hibert-abstractive@finetuned)")
+    check_reachable(uri)
     db = sqlite_path(uri)
     if db is not None and not db.is_file():
         raise UserError(f"model reference {ref!r}: there is no registry at {db} (nothing was trained there); "

@@ -11,7 +11,8 @@ import json
 import sys
 
 from hibert.redact import redact_uri
-from hibert.registry import list_versions, sqlite_path, tracking_uri
+from hibert.errors import UserError
+from hibert.registry import check_reachable, list_versions, sqlite_path, tracking_uri
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "show" and not name:
         print("hibert registry show: give a model name, e.g. hibert-encoder@in-domain", file=sys.stderr)
         return 2
+    try:
+        check_reachable(uri)
+    except UserError as e:
+        return _err(str(e))
     db = sqlite_path(uri)
     if db is not None and not db.is_file():
         msg = f"no registered models: no MLflow store at {db}; runs create it"

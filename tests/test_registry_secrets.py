@@ -334,3 +334,29 @@ def test_log_lines_and_uncaught_tracebacks_are_masked():
     assert r.returncode == 1 and "RuntimeError: cannot reach postgresql://u:***@db:5432/mlflow" in r.stderr
     assert "https://bob:***@mlflow.example.org:5000/api" in r.stderr
     assert not any(s in r.stderr for s in ("hun/ter#2", "s3cr3t", "abc123tok"))
+
+
+def test_an_unreachable_tracking_server_is_one_line_within_seconds(capsys, monkeypatch):
+    """A tracking server that does not answer: `registry list`, a training command (before any rank starts) and
+    a models:/ reference each fail in seconds with one line naming the server, its password masked (MLflow's own
+    retry policy took minutes); the HTTP retry policy every command sets is bounded."""
+    import os
+    import socket
+    import time
+
+    from hibert.cli import main
+
+    with socket.socket() as s:           # a port nobody listens on: connection refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    uri = f"http://bob:hunter2@127.0.0.1:{port}"
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    t0 = time.time()
+    assert main(["registry", "list", "--uri", uri]) == 1
+    assert main(["finetune", "demo", f"tracking.uri={uri}", "--nproc", "2"]) == 1
+    assert main(["summarize", f"tracking.uri={uri}", "--model", "models:/hibert-extractive@finetuned",
+                 "--input", __file__]) == 2
+    assert time.time() - t0 < 30
+    err = capsys.readouterr().err
+    assert err.count(f"tracking server http://bob:***@127.0.0.1:{port} is unreachable") == 3 and "hunter2" not in err
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"

@@ -14,6 +14,7 @@ model selection, MLflow, export and registry — is the `Trainer`'s, identical f
 from __future__ import annotations
 
 import logging
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from hibert.data_prep.tokenizer import vocab_size
 from hibert.errors import UserError
 from hibert.hashing import file_hash
 from hibert.logs import setup_logging
-from hibert.registry import resolve_model, tracking_uri
+from hibert.registry import check_reachable, resolve_model, tracking_uri
 from hibert.runtime.dist_env import REQUEUE_EXIT_CODE
 from hibert.runtime.engine import init_distributed
 from hibert.runtime.export import read_export
@@ -72,6 +73,11 @@ class RunInputs:
 
 def relaunch(cfg: Config, command: str, nproc: int) -> int:
     """Re-run this command on `nproc` local ranks with the resolved config as the recipe."""
+    try:  # before any rank starts
+        check_reachable(tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False))
+    except UserError as e:
+        print(f"hibert {command}: {e}", file=sys.stderr)
+        return 1
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     path = save_resolved(cfg, Path(tempfile.mkdtemp(prefix="launch-", dir=cfg.run_dir)))
     return launch_local(nproc, ["-m", "hibert.cli", command, str(path)])
@@ -117,7 +123,8 @@ def check_init_compatible(cfg: Config, init: InitModel, dataset_tokenizer: Path,
 
 
 def prepare_run(cfg: Config, check_init: bool = True) -> RunInputs:
-
+    # a tracking server that does not answer: one line on every rank now, not minutes of MLflow retries later
+    check_reachable(tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False))
     rt = init_distributed(cfg)
     setup_logging(rt.rank)
     lock = claim_run_dir(cfg.run_dir, rt.is_main, rt.device)  # before anything is written there
