@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 from hibert.data_prep.merge import MissingShards
@@ -28,6 +29,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="stanza models dir (after stanza.download('en')): use stanza's neural tokenizer")
     g.add_argument("--fresh", action="store_true", help="ignore finished shards (and, locally, the tokenizer)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--verify", action="store_true",
+                   help="check every file of the prepared dataset against its sha256 in the manifest, then exit")
+
+
+def verify_dataset(root: Path) -> int:
+    """`hibert prep --verify`: every file rehashed (bit rot leaves sizes and mtimes alone)."""
+    import json
+
+    from hibert.data_prep.integrity import verify
+    from hibert.errors import UserError
+
+    try:
+        manifest = json.loads((root / "manifest.json").read_text())
+        if not manifest.get("files"):
+            print(f"hibert prep --verify: {root} records no checksums (prepared before they existed): prepare it "
+                  "again to have them", file=sys.stderr)
+            return 2
+        n = verify(root, manifest, full=True)
+    except (OSError, ValueError) as e:  # UserError included: the damaged file, named
+        print(f"hibert prep --verify: {e}", file=sys.stderr)
+        return 1 if isinstance(e, UserError) else 2
+    print(f"{root}: {n} files match their checksums")
+    return 0
 
 
 def run(cfg: Any, args: argparse.Namespace) -> int:
@@ -36,6 +60,8 @@ def run(cfg: Any, args: argparse.Namespace) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     data = cfg.data
+    if getattr(args, "verify", False):
+        return verify_dataset(Path(data.dataset_dir))
     if getattr(args, "stanza_dir", None):
         data.segmenter.kind = "neural"
         data.segmenter.stanza_dir = args.stanza_dir

@@ -12,9 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from hibert.data_prep.integrity import verify
 from hibert.data_prep.shards import SPLITS, ShardPart, load_array, shard_name
 
 MANIFEST = "manifest.json"
+_CHECKED: set[tuple[str, str]] = set()   # (dataset, split) whose files this process checked
 TOKENIZER = "tokenizer.model"
 
 
@@ -33,6 +35,9 @@ class DocumentDataset:
         if not path.is_file():
             raise FileNotFoundError(f"{self.dir} is not a prepared dataset (no {MANIFEST}); run `hibert prep`")
         self.manifest: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        if (str(self.dir.resolve()), split) not in _CHECKED:  # the cheap check, once per process and split
+            verify(self.dir, self.manifest, split=split)
+            _CHECKED.add((str(self.dir.resolve()), split))
         self.tokenizer_path = self.dir / TOKENIZER
         d = self.dir / split
         self._index = load_array(d / "index.npy")                  # [N, 2]: shard, chunk within the shard

@@ -515,3 +515,34 @@ def test_one_worker_prep_starts_no_thread_and_loads_no_torch(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=110,
                        cwd=Path(__file__).resolve().parents[1])
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_a_flipped_byte_or_a_truncated_file_is_found_when_the_dataset_opens(formats, tmp_path):
+    """merge records every file's size and sha256; opening a split checks sizes and rehashes what changed since
+    the last check; `hibert prep --verify` rehashes everything. Each finding names the file."""
+    import shutil
+
+    from hibert.data_prep import dataset as ds_module
+    from hibert.data_prep.cli import verify_dataset
+    from hibert.errors import UserError
+
+    _, out, manifest = formats
+    assert "tokenizer.model" in manifest["files"] and any(f.endswith("/tokens.npy") for f in manifest["files"])
+    for damage in ("flip", "truncate"):
+        copy = tmp_path / damage
+        shutil.copytree(out, copy)
+        DocumentDataset(copy, "train")            # a copy (new mtimes) is rehashed once and opens
+        tokens = next(copy.glob("train/shard-*/tokens.npy"))
+        data = bytearray(tokens.read_bytes())
+        if damage == "flip":
+            data[len(data) // 2] ^= 0x10
+        else:
+            del data[-7:]
+        tokens.write_bytes(bytes(data))
+        ds_module._CHECKED.clear()                # a new process opening it
+        needle = "does not match its checksum" if damage == "flip" else "the manifest recorded"
+        with pytest.raises(UserError, match=needle) as e:
+            DocumentDataset(copy, "train")
+        assert str(tokens) in str(e.value)
+        assert verify_dataset(copy) == 1
+    assert verify_dataset(out) == 0
