@@ -102,7 +102,8 @@ SEEDED = ("finetune", "evaluate")   # the stages `slurm.seeds` repeats: pretrain
 
 
 def expand_seeds(stages: list[SlurmStage], seeds: list[int], run_name: str) -> list[SlurmStage]:
-    """Each finetune/evaluate stage once per seed: `<stage>-seed<S>` with schedule.seed=S and
+    """Each finetune/evaluate stage once per seed: `<stage>-seed<S>` with run.seed=S (the head's init, dropout)
+    and schedule.seed=S (the batches' order and masks) and
     run.name=<its run name>-seed<S> (so an evaluate stage finds its finetune run of the same seed); only the
     first seed's finetune registers a model (a later stage reading the alias gets that one). `after` follows:
     a seeded stage waits for the same seed's copy of a seeded stage; any other waits for every copy."""
@@ -120,7 +121,7 @@ def expand_seeds(stages: list[SlurmStage], seeds: list[int], run_name: str) -> l
             continue
         base = next((o.split("=", 1)[1] for o in reversed(st.overrides) if o.startswith("run.name=")), run_name)
         for i, s in enumerate(seeds):
-            extra = [f"schedule.seed={s}", f"run.name={base}-seed{s}"]
+            extra = [f"run.seed={s}", f"schedule.seed={s}", f"run.name={base}-seed{s}"]
             if st.command == "finetune" and i > 0:
                 extra.append("tracking.register_model=false")
             after = None if st.after is None else [f"{a}-seed{s}" if a in seeded else a for a in st.after]

@@ -327,7 +327,7 @@ def test_seeds_repeat_finetune_and_evaluate_stages():
     out = {s.name: s for s in expand_seeds(stages, [7, 8], "demo")}
     assert list(out) == ["pre", "ft-seed7", "ft-seed8", "ev-seed7", "ev-seed8", "ft-abs-seed7", "ft-abs-seed8",
                          "report-seed7", "report-seed8", "merge"]
-    assert out["ft-seed8"].overrides == ["run.name=ext", "schedule.seed=8", "run.name=ext-seed8",
+    assert out["ft-seed8"].overrides == ["run.name=ext", "run.seed=8", "schedule.seed=8", "run.name=ext-seed8",
                                          "tracking.register_model=false"]
     assert "tracking.register_model=false" not in out["ft-seed7"].overrides
     assert out["ev-seed8"].after == ["ft-seed8"] and out["ev-seed8"].overrides[-1] == "run.name=ext-seed8"

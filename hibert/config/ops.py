@@ -106,7 +106,7 @@ class SlurmConfig(SlurmResources):
     prep_shards: int | None = Field(None, ge=1)  # prep job-array size (task i: --shard-index i); None: data.num_shards or 1
     cli: str | None = None                 # how the nodes call hibert; None = this install's python -m hibert.cli
     pipeline: list[SlurmStage] = Field(default_factory=list)  # empty: prep, merge, pretrain x2, finetune, evaluate
-    # finetune and evaluate stages run once per seed (schedule.seed), as <stage>-seed<S> writing <run.name>-seed<S>;
+    # finetune and evaluate stages run once per seed (run.seed and schedule.seed), as <stage>-seed<S> writing <run.name>-seed<S>;
     # the first seed registers its model, the others only report (hibert compare pairs them over seeds)
     seeds: list[int] = Field(default_factory=list)
 
