@@ -189,3 +189,48 @@ def test_resume_on_another_world_size_via_universal_checkpoint(tiny_data, tmp_pa
                      timeout=300)
     assert "universal checkpoint for world size 1" in out.stderr and "resumed from" in out.stderr
     assert_same(encoder_weights(reference_run), encoder_weights(tmp_path / "ref"), exact=False, atol=1e-5)
+
+
+def _rank_pid(launcher: subprocess.Popen, rank: int, timeout: float = 60) -> int:
+    """The pid of local rank `rank` started by the launcher (its child with RANK=<rank> in the environment)."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                env = (proc / "environ").read_bytes().split(b"\0")
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == launcher.pid and f"RANK={rank}".encode() in env:
+                return int(proc.name)
+        time.sleep(0.2)
+    raise AssertionError(f"rank {rank} of launcher {launcher.pid} not found")
+
+
+@pytest.mark.parametrize("fault", ["SIGSTOP", "SIGKILL"])
+def test_a_hung_or_killed_rank_ends_the_job_in_bounded_time(tiny_data, tmp_path, fault):
+    """SIGSTOP of one rank: the other's collective times out after run.collective_timeout_s and the job ends;
+    kill -9 of one rank: the launcher names it and stops the others. Neither hangs."""
+    args = ["pretrain", *tiny_train_overrides(tmp_path, "hung", tiny_data["open"], **{
+        "schedule.max_steps": 400, "checkpoint.every_steps": 2, "run.collective_timeout_s": 8,
+        "tracking.register_model": "false"}), "--stage", "open-domain", "--nproc", "2"]
+    log = tmp_path / "run.log"
+    proc = _start(args, log)
+    try:
+        _wait_for(tmp_path / "hung" / "checkpoints" / "step_000000002" / "COMPLETE.json", proc)
+        os.kill(_rank_pid(proc, 1), getattr(signal, fault))
+        t0 = time.time()
+        code = proc.wait(timeout=120)
+        elapsed = time.time() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    out = log.read_text()
+    assert code != 0 and elapsed < 90, (code, elapsed)
+    if fault == "SIGKILL":
+        assert "hibert: rank 1" in out and "killed by SIGKILL" in out
+    else:   # rank 0 gives up on the stopped rank 1 in its collective
+        assert "hibert: rank 0" in out and elapsed > 5

@@ -13,6 +13,9 @@ class RunConfig(Section):
     stage: Literal["open-domain", "in-domain", "finetune", "none"] = "none"
     init: str | None = None                # models:/name@alias, a local export dir, or None (random)
     seed: int = Field(1234, ge=0)
+    # a rank that waits this long in a collective (a peer hung, stopped, or its node gone) fails the job instead
+    # of hanging it; seconds in tests, tens of minutes on GPU clusters (a checkpoint save is inside collectives)
+    collective_timeout_s: int = Field(1800, ge=5, le=86400)
 
 
 class TrackingConfig(Section):

@@ -9,6 +9,7 @@ its checkpoints.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +54,15 @@ def init_distributed(cfg: Config) -> Runtime:
 
     if cuda:
         torch.cuda.set_device(env.local_rank)
-    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False)
+    timeout = timedelta(seconds=cfg.run.collective_timeout_s)
+    # DeepSpeed makes its own groups (data parallel, ZeRO partitions) with no timeout argument, so they take
+    # torch's module defaults (30 min; 10 for NCCL): set those too, or a hung peer would stall the job there
+    import torch.distributed.distributed_c10d as c10d
+
+    c10d.default_pg_timeout = timeout
+    if isinstance(getattr(c10d, "default_pg_nccl_timeout", None), timedelta):
+        c10d.default_pg_nccl_timeout = timeout
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False, timeout=timeout)
     device = torch.device("cuda", env.local_rank) if cuda else torch.device("cpu")
     precision = resolve_precision(cfg.deepspeed.precision)
     if precision == "fp16" and not cuda:

@@ -45,6 +45,10 @@ def launch_local(nproc: int, argv: list[str]) -> int:
                     codes[i] = p.returncode
                     if p.returncode not in (0, REQUEUE_EXIT_CODE) and failed_at is None:
                         failed_at = time.time()  # one rank died: the others would wait in a collective
+                        how = (f"killed by {signal.Signals(-p.returncode).name}" if p.returncode < 0
+                               else f"exit {p.returncode}")
+                        print(f"hibert: rank {i} (pid {p.pid}) ended ({how}); stopping the other ranks",
+                              file=sys.stderr, flush=True)
                         for q in procs:
                             if q.poll() is None:
                                 q.terminate()
