@@ -29,7 +29,7 @@ from hibert.finetune.base.fluency import fluency_note
 from hibert.finetune.base.text import InputError, Summary, check_lengths, read_clusters, read_documents
 from hibert.finetune.heads import EvalOutcome, HeadSpec, get_head, head_of_export
 from hibert.redact import redact_uri
-from hibert.registry import ensure_experiment, resolve_model, tracking_uri
+from hibert.registry import check_store_location, ensure_experiment, resolve_model, tracking_uri
 
 log = logging.getLogger("hibert")
 
@@ -134,6 +134,11 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
         return 2
     uri = tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False)
     ref = _model_ref(cfg, args.model)
+    try:  # the report is logged to that store at the end: a copied store must not write into the original
+        check_store_location(uri, cfg.tracking.experiment)
+    except UserError as e:
+        print(f"hibert evaluate: {e}", file=sys.stderr)
+        return 2
     try:
         local = resolve_model(ref, uri, cfg.run_dir / "eval-model")
     except (FileNotFoundError, UserError) as e:

@@ -111,6 +111,33 @@ def artifact_location(uri: str) -> str | None:
     return None
 
 
+def check_store_location(uri: str, experiment: str) -> None:
+    """A local sqlite store that was copied or moved still names the original directory as its experiment's
+    artifact location (MLflow stores it absolute): logging there would write into the original. One
+    `UserError` line instead, before anything is written. Read with sqlite3 directly (no MLflow import)."""
+    import sqlite3
+
+    from hibert.errors import UserError
+
+    db = sqlite_path(uri)
+    expected = artifact_location(uri)
+    if db is None or expected is None or not db.is_file():
+        return
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+            row = con.execute("SELECT artifact_location FROM experiments WHERE name = ?", (experiment,)).fetchone()
+    except sqlite3.Error:
+        return  # not an MLflow store we can read: MLflow will say what is wrong with it
+    if row is None or not row[0]:
+        return
+    stored = row[0]
+    norm = lambda loc: str(Path(loc[len("file://"):] if loc.startswith("file://") else loc).resolve())  # noqa: E731
+    if norm(stored) != norm(expected):
+        raise UserError(f"the MLflow store {db} was copied or moved: its experiment {experiment!r} writes artifacts "
+                        f"to {stored}, not next to it; work in the original directory, or set "
+                        "tracking.experiment=<a new name> to start an experiment here")
+
+
 def ensure_experiment(uri: str, name: str) -> None:
     """Make `name` the active experiment of the fluent API, creating it with our artifact location."""
     import mlflow

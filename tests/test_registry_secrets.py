@@ -360,3 +360,27 @@ def test_an_unreachable_tracking_server_is_one_line_within_seconds(capsys, monke
     err = capsys.readouterr().err
     assert err.count(f"tracking server http://bob:***@127.0.0.1:{port} is unreachable") == 3 and "hunter2" not in err
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
+
+
+def test_a_copied_store_refuses_to_log_into_the_original(tmp_path, capsys, monkeypatch):
+    """MLflow keeps the experiment's artifact location absolute: a copied run directory's store would write its
+    artifacts into the original. Training and evaluate refuse in one line before writing anything."""
+    import shutil
+
+    from hibert.errors import UserError
+    from hibert.registry import check_store_location, ensure_experiment
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)    # restored as it was after the test
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    original.mkdir()
+    ensure_experiment(f"sqlite:///{original / 'mlflow.db'}", "hibert")
+    check_store_location(f"sqlite:///{original / 'mlflow.db'}", "hibert")
+    shutil.copytree(original, copy)
+    with pytest.raises(UserError, match=r"was copied or moved: its experiment 'hibert' writes artifacts to .*original"):
+        check_store_location(f"sqlite:///{copy / 'mlflow.db'}", "hibert")
+    check_store_location(f"sqlite:///{copy / 'mlflow.db'}", "hibert-copy")   # a new experiment: fine
+    from hibert.cli import main
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)   # ensure_experiment exported the original's
+    assert main(["evaluate", f"run.output_dir={copy}", "run.name=x", "--split", "test"]) == 2
+    assert "was copied or moved" in capsys.readouterr().err and not (copy / "x").exists()

@@ -29,7 +29,7 @@ from hibert.data_prep.tokenizer import vocab_size
 from hibert.errors import UserError
 from hibert.hashing import file_hash
 from hibert.logs import setup_logging
-from hibert.registry import check_reachable, resolve_model, tracking_uri
+from hibert.registry import check_reachable, check_store_location, resolve_model, tracking_uri
 from hibert.runtime.dist_env import REQUEUE_EXIT_CODE
 from hibert.runtime.engine import init_distributed
 from hibert.runtime.export import read_export
@@ -124,7 +124,9 @@ def check_init_compatible(cfg: Config, init: InitModel, dataset_tokenizer: Path,
 
 def prepare_run(cfg: Config, check_init: bool = True) -> RunInputs:
     # a tracking server that does not answer: one line on every rank now, not minutes of MLflow retries later
-    check_reachable(tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False))
+    uri = tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False)
+    check_reachable(uri)
+    check_store_location(uri, cfg.tracking.experiment)   # a copied run directory must not log into the original
     rt = init_distributed(cfg)
     setup_logging(rt.rank)
     lock = claim_run_dir(cfg.run_dir, rt.is_main, rt.device)  # before anything is written there
