@@ -234,3 +234,22 @@ def test_a_hung_or_killed_rank_ends_the_job_in_bounded_time(tiny_data, tmp_path,
         assert "hibert: rank 1" in out and "killed by SIGKILL" in out
     else:   # rank 0 gives up on the stopped rank 1 in its collective
         assert "hibert: rank 0" in out and elapsed > 5
+
+
+def test_a_second_run_on_the_same_directory_refuses_on_every_rank(tiny_data, tmp_path):
+    """Two 2-rank runs with one run directory: the second's ranks learn from rank 0 (one broadcast) that the
+    first holds it, and all exit with one line naming it, instead of interleaving checkpoints."""
+    args = ["pretrain", *tiny_train_overrides(tmp_path, "busy", tiny_data["open"], **{
+        "schedule.max_steps": 400, "checkpoint.every_steps": 2, "tracking.register_model": "false"}),
+            "--stage", "open-domain", "--nproc", "2"]
+    first = _start(args, tmp_path / "first.log")
+    try:
+        _wait_for(tmp_path / "busy" / "checkpoints" / "step_000000002" / "COMPLETE.json", first)
+        second = run_hibert(args, timeout=120, check=False)
+        assert first.poll() is None, "the first run must still be running"
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+    out = second.stdout + second.stderr
+    assert second.returncode != 0 and out.count(f"run directory {tmp_path / 'busy'} is in use by pid") == 2, out[-3000:]
+    assert "Traceback" not in out

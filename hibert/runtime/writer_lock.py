@@ -4,7 +4,7 @@ checkpoints, exports and step logs; the second one refuses instead, naming the f
 The lock is an flock on `<run dir>/.writer.lock` held by rank 0 for the life of the process (filelock): the
 kernel drops it when that process ends, however it ends (kill -9 and a node's crash included, for a lock on a
 local or NFSv4 filesystem), so a stale lock frees itself and a requeued or resumed job takes it again.
-`.writer.json` next to it names the holder. Every rank learns the outcome (one broadcast), so the refusal is
+`.writer.json` next to it names the holder. Every rank learns the outcome and the holder (one broadcast), so the refusal is
 one line on every rank, not a hang in the next collective."""
 from __future__ import annotations
 
@@ -49,10 +49,11 @@ def try_claim(run_dir: Path) -> tuple[FileLock | None, str | None]:
 def claim_run_dir(run_dir: Path, is_main: bool, device: torch.device | str = "cpu") -> FileLock | None:
     """Rank 0 claims `run_dir`; every rank raises the same UserError if another run holds it."""
     lock, holder = try_claim(run_dir) if is_main else (None, None)
-    refused = torch.tensor([1 if holder else 0], device=device)
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast(refused, 0)
-    if bool(refused.item()):
-        raise UserError(f"hibert: run directory {run_dir} is in use by {holder or 'another run (see rank 0)'}: "
-                        "wait for it to end, or give this run another run.name / run.output_dir")
+        box = [holder]
+        dist.broadcast_object_list(box, src=0, device=torch.device(device))  # every rank names the holder
+        holder = box[0]
+    if holder:
+        raise UserError(f"hibert: run directory {run_dir} is in use by {holder}: wait for it to end, or give this "
+                        "run another run.name / run.output_dir")
     return lock
