@@ -13,7 +13,12 @@ from typing import Any
 import numpy as np
 
 from hibert.errors import UserError
-from hibert.finetune.base.rouge import Rouge, format_p, paired_bootstrap, summarize_scores
+from hibert.finetune.base.rouge import Rouge, format_p, paired_bootstrap, summarize_scores, verdict
+
+# under every paired table of a single-run report
+ONE_SEED = ("One training seed of this model: its intervals carry document variance only, and another seed can "
+            "move it by more than these differences; order trained systems with `hibert compare NAME=run ...` over "
+            "several seeds (`--seeds` / `slurm.seeds`).")
 from hibert.finetune.base.selection import lead, oracle_from_labels
 
 log = logging.getLogger("hibert.evaluate")
@@ -98,12 +103,14 @@ def write_report(out_dir: Path, result: dict[str, Any], docs: list[Document], me
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if result.get("paired"):
         lines += ["", "Paired bootstrap over the same documents (difference of F1, 95% CI, two-sided p):", "",
-                  "| pair | " + " | ".join(m.replace("_f", "") for m in HEADLINE) + " |",
-                  "|---|" + "---|" * len(HEADLINE)]
+                  "| pair | " + " | ".join(m.replace("_f", "") for m in HEADLINE) + " | ROUGE-1 reads |",
+                  "|---|" + "---|" * (len(HEADLINE) + 1)]
         for pair, by_metric in result["paired"].items():
             cells = [f"{by_metric[m]['diff']:+.2f} [{by_metric[m]['low']:+.2f}, {by_metric[m]['high']:+.2f}] "
                      + format_p(by_metric[m]["p_value"], by_metric[m]["resamples"]) for m in HEADLINE]
-            lines.append(f"| {pair} | " + " | ".join(cells) + " |")
+            r1 = by_metric[HEADLINE[0]]
+            lines.append(f"| {pair} | " + " | ".join(cells) + f" | {verdict(r1['low'], r1['high'])} |")
+        lines += ["", ONE_SEED]
     if result.get("abstractiveness"):
         cols = list(next(iter(result["abstractiveness"].values())))
         lines += ["", "What the summaries are made of (novel n-grams: % of the summary's n-grams absent from the "
@@ -187,6 +194,6 @@ def score_lines(result: dict, paths: dict) -> list[str]:
     for pair, by_metric in result.get("paired", {}).items():
         d = by_metric["rouge1_f"]
         lines.append(f"{pair:16s} R1 {d['diff']:+.2f} [{d['low']:+.2f},{d['high']:+.2f}] "
-                     f"{format_p(d['p_value'], d['resamples'])} (paired)")
+                     f"{format_p(d['p_value'], d['resamples'])} (paired: {verdict(d['low'], d['high'])})")
     lines.append(f"report: {paths['md']}  chart: {paths['png']}")
     return lines
