@@ -135,16 +135,20 @@ def max_doc_chars(export_dir: Path) -> int:
         return 1_000_000   # prep's default
 
 
+def check_length(text: str, where: str, limit: int) -> None:
+    """The export's document limit, applied to summarize input as prep applied it to the training data."""
+    if len(text) > limit:
+        raise InputError(f"{where}: {len(text):,} characters, above the {limit:,} this model's training data "
+                         "allowed (data.limits.max_doc_chars in its export.json): split the document, or summarize "
+                         "its first part")
+
+
 def check_lengths(inputs: list, export_dir: Path, clusters: bool) -> None:
     """Every input document within the export's max_doc_chars, checked before the model loads."""
     limit = max_doc_chars(export_dir)
     for name, body in inputs:
         for k, text in enumerate(body if clusters else [body]):
-            if len(text) > limit:
-                where = f"{name} (document {k + 1})" if clusters else name
-                raise InputError(f"{where}: {len(text):,} characters, above the {limit:,} this model's training "
-                                 "data allowed (data.limits.max_doc_chars in its export.json): split the document, "
-                                 "or summarize its first part")
+            check_length(text, f"{name} (document {k + 1})" if clusters else name, limit)
 
 
 class TextEncoder:
@@ -162,16 +166,9 @@ class TextEncoder:
         self.sentencizer = Sentencizer(self.cfg)
         self.sp = tok.load(Path(export_dir) / "tokenizer.model")
 
-    def check(self, text: str, name: str) -> None:
-        """The export's document limit, applied as prep applied it to the training data."""
-        if len(text) > self.max_doc_chars:
-            raise InputError(f"{name}: {len(text):,} characters, above the {self.max_doc_chars:,} this model's "
-                             "training data allowed (data.limits.max_doc_chars in its export.json): split the "
-                             "document, or summarize its first part")
-
     def paragraphs(self, text: str, name: str = "input") -> tuple[list[tuple[list[str], list[np.ndarray]]], bool]:
         """Per blank-line paragraph, its (sentence texts, subword ids) — empty sentences dropped — and PTB?"""
-        self.check(text, name)
+        check_length(text, name, self.max_doc_chars)
         ptb = looks_ptb(text)
         paragraphs = [p for p in re.split(r"\n\s*\n", text) if p.strip()]
         out = []
@@ -186,7 +183,7 @@ class TextEncoder:
 
     def __call__(self, text: str, name: str = "input") -> tuple[list[str], list[np.ndarray], bool]:
         """(sentence texts, their subword ids, read as PTB?) — empty sentences dropped."""
-        self.check(text, name)
+        check_length(text, name, self.max_doc_chars)
         ptb = looks_ptb(text)
         paragraphs = [p for p in re.split(r"\n\s*\n", text) if p.strip()]
         sents = [s for s in self.sentencizer.sentences([(paragraphs, ptb)])[0] if s[0].strip()]
