@@ -54,18 +54,15 @@ def bound_http_retries() -> None:
         os.environ.setdefault(key, value)
 
 
-def check_reachable(uri: str, timeout: float = REACH_TIMEOUT_S) -> None:
-    """An http(s) tracking server answers within `timeout` seconds (any HTTP answer counts: a 404 or 401 still
-    shows a live server), or one `UserError` line naming it, password masked. Other stores: nothing to check."""
+def _probe(uri: str, timeout: float) -> str | None:
+    """None when an http(s) tracking server answers GET /health within `timeout` seconds (any HTTP answer
+    counts: a 404 or 401 still shows a live server), else why not. Other stores: None."""
     if not uri.startswith(("http://", "https://")):
-        return
+        return None
     import base64
     import urllib.error
     import urllib.parse
     import urllib.request
-
-    from hibert.errors import UserError
-    from hibert.redact import redact_uri
 
     parts = urllib.parse.urlsplit(uri)
     headers = {}
@@ -79,12 +76,28 @@ def check_reachable(uri: str, timeout: float = REACH_TIMEOUT_S) -> None:
     try:
         urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout).close()
     except urllib.error.HTTPError:
-        return
+        return None
     except (urllib.error.URLError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", e)
-        raise UserError(f"tracking server {redact_uri(uri)} is unreachable ({redact_uri(str(reason))[:200]}; "
+        return str(getattr(e, "reason", e))
+    return None
+
+
+def reachable(uri: str, timeout: float = 2.0) -> bool:
+    """Whether the tracking server answers now (a quick probe: training calls it while a server is away)."""
+    return _probe(uri, timeout) is None
+
+
+def check_reachable(uri: str, timeout: float = REACH_TIMEOUT_S) -> None:
+    """An http(s) tracking server answers within `timeout` seconds, or one `UserError` line naming it,
+    password masked. Other stores: nothing to check."""
+    from hibert.errors import UserError
+    from hibert.redact import redact_uri
+
+    reason = _probe(uri, timeout)
+    if reason is not None:
+        raise UserError(f"tracking server {redact_uri(uri)} is unreachable ({redact_uri(reason)[:200]}; "
                         f"checked for {timeout:.0f} s before starting): start it, or fix tracking.uri / "
-                        "$MLFLOW_TRACKING_URI (unset both for the local store under run.output_dir)") from None
+                        "$MLFLOW_TRACKING_URI (unset both for the local store under run.output_dir)")
 
 
 def client(uri: str) -> Any:
@@ -154,16 +167,35 @@ def ensure_experiment(uri: str, name: str) -> None:
     mlflow.set_experiment(name)
 
 
+def experiment_id(uri: str, name: str) -> str:
+    """The id of experiment `name` in `uri`, created (with our artifact location) if missing; no global state."""
+    c = client(uri)
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return c.create_experiment(name, artifact_location=artifact_location(uri))
+    except Exception:  # created meanwhile by another process
+        exp = c.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
 def register_artifact_dir(uri: str, run_id: str, artifact_path: str, name: str, alias: str | None,
-                          tags: dict[str, str] | None = None, also: list[str] | tuple[str, ...] = ()) -> str:
-    """Register `runs:/<run_id>/<artifact_path>` as a new version of `name`; point `alias` (and `also`) at it."""
+                          tags: dict[str, str] | None = None, also: list[str] | tuple[str, ...] = (),
+                          once: bool = False) -> str:
+    """Register `runs:/<run_id>/<artifact_path>` as a new version of `name`; point `alias` (and `also`) at it.
+    `once`: reuse a version of `name` this run already registered (a registration sent again after an outage:
+    the first try may have reached the server)."""
     c = client(uri)
     try:
         c.get_registered_model(name)
     except Exception:
         c.create_registered_model(name)
     source = f"runs:/{run_id}/{artifact_path}"
-    mv = c.create_model_version(name=name, source=source, run_id=run_id, tags=tags or {})
+    done = c.search_model_versions(f"name='{name}' and run_id='{run_id}'") if once else []
+    mv = done[0] if done else c.create_model_version(name=name, source=source, run_id=run_id, tags=tags or {})
     for a in dict.fromkeys([alias, *also]):
         if a:
             c.set_registered_model_alias(name, a, mv.version)

@@ -1,4 +1,5 @@
-"""`hibert registry list|show` — what is in the MLflow model registry.
+"""`hibert registry list|show` — what is in the MLflow model registry; `hibert registry sync RUN_DIR` — send
+what a run kept while its tracking server was away (metrics, the export, its registration).
 
 Read-only: a sqlite store that does not exist is reported, never created (MLflow would create the file
 and its tables on first touch). A target that names a missing model, alias or version is an error
@@ -16,9 +17,13 @@ from hibert.registry import check_reachable, list_versions, sqlite_path, trackin
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=["list", "show"], help="list: every registered version; "
-                   "show: one model's versions with tags (needs --name or NAME@ALIAS)")
-    p.add_argument("target", nargs="?", default=None, help="model name, or name@alias / name/version for show")
+    p.add_argument("action", choices=["list", "show", "sync"], help="list: every registered version; "
+                   "show: one model's versions with tags (needs --name or NAME@ALIAS); "
+                   "sync: send a run directory's tracking outbox (what a tracking outage left unsent)")
+    p.add_argument("target", nargs="?", default=None,
+                   help="model name, or name@alias / name/version for show; the run directory for sync")
+    p.add_argument("--wait", type=float, default=0.0, metavar="S",
+                   help="sync: keep probing a server that is away for up to S seconds (default 0)")
     p.add_argument("--uri", default=None, help="tracking URI (default: $MLFLOW_TRACKING_URI or "
                    "sqlite:///<output-dir>/mlflow.db)")
     p.add_argument("--output-dir", default="runs", help="where the default sqlite registry lives")
@@ -34,7 +39,54 @@ def _is_missing(e: Exception) -> bool:
     return getattr(e, "error_code", None) == "RESOURCE_DOES_NOT_EXIST" or "RESOURCE_DOES_NOT_EXIST" in str(e)
 
 
+def sync(args: argparse.Namespace) -> int:
+    """Send `<run dir>/tracking/outbox.jsonl` to the run's store (its resolved config names it; --uri wins)."""
+    from pathlib import Path
+
+    from hibert.config import ConfigError, load_config
+    from hibert.config.load import RESOLVED_NAME
+    from hibert.runtime.outbox import Outbox
+    from hibert.runtime.tracking import Tracker
+    from hibert.runtime.writer_lock import try_claim
+
+    if not args.target:
+        print("hibert registry sync: give the run directory, e.g. runs/demo/finetune-ext", file=sys.stderr)
+        return 2
+    run_dir = Path(args.target)
+    resolved = run_dir / RESOLVED_NAME
+    if not resolved.is_file():
+        return _err(f"{run_dir} is not a run directory (no {RESOLVED_NAME})")
+    try:
+        cfg = load_config(str(resolved), [f"tracking.uri={args.uri}"] if args.uri else [])
+    except ConfigError as e:
+        return _err(f"{resolved}: {e}")
+    outbox = Outbox(run_dir)
+    waiting = len(outbox)
+    if not waiting:
+        print(f"{run_dir}: nothing to send ({outbox.rejected()} refused earlier, in {outbox.rejected_path})"
+              if outbox.rejected() else f"{run_dir}: nothing to send")
+        return 0
+    lock, holder = try_claim(run_dir)  # the running job owns its outbox
+    if holder:
+        return _err(f"{run_dir} is in use by {holder}: it sends its own outbox")
+    try:
+        tracker = Tracker(cfg, enabled=True, run_dir=run_dir)
+        left = tracker.sync(wait_s=args.wait)
+        rejected = tracker.rejected()
+    finally:
+        if lock is not None:
+            lock.release()
+    shown = redact_uri(tracker.uri)
+    if left:
+        return _err(f"{shown} is still unreachable: {left} of {waiting} operation(s) wait in {outbox.path}")
+    print(f"{run_dir}: sent {waiting} operation(s) to {shown}"
+          + (f"; {rejected} refused by the server, kept in {outbox.rejected_path}" if rejected else ""))
+    return 1 if rejected else 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.action == "sync":
+        return sync(args)
     uri = tracking_uri(args.uri, args.output_dir, create=False)
     shown = redact_uri(uri)
     name, alias, version = args.target, None, None

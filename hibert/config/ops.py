@@ -28,6 +28,11 @@ class TrackingConfig(Section):
     # forward / backward / optimizer / data-wait ms per step in the step log; synchronizes the device around
     # each phase (CUDA), which costs some overlap: for profiling runs and benchmarks, off in production
     step_breakdown: bool = False
+    # a server that goes away mid-run: what cannot be sent waits in <run dir>/tracking/outbox.jsonl and is re-sent
+    # when a probe (every retry_every_s) finds it back; at the end rank 0 waits up to outage_wait_s for it before
+    # exiting with TRACKING_PENDING_EXIT_CODE (the export is written either way; `hibert registry sync` finishes)
+    retry_every_s: float = Field(60.0, gt=0)
+    outage_wait_s: float = Field(900.0, ge=0)
 
     # more aliases moved to the same version, for people (`hibert submit` sets the plain stage alias here;
     # a chain itself only ever reads its own `alias`)

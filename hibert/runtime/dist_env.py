@@ -28,6 +28,9 @@ from typing import Literal
 # Exit status meaning "stopped early on purpose (preemption/time limit), checkpoint written, run me
 # again": EX_TEMPFAIL from sysexits.h. The sbatch scripts requeue the job when a step exits with it.
 REQUEUE_EXIT_CODE = 75
+# "Trained and exported, but the tracking server was away: metrics and/or the registration wait in the run's
+# outbox" (EX_UNAVAILABLE). A requeued job, or `hibert registry sync <run dir>`, sends them.
+TRACKING_PENDING_EXIT_CODE = 69
 
 DEFAULT_MASTER_PORT = 29500
 Launcher = Literal["torchrun", "deepspeed", "slurm", "single"]

@@ -12,13 +12,17 @@ import subprocess
 import sys
 import time
 
-from hibert.runtime.dist_env import REQUEUE_EXIT_CODE
+from hibert.runtime.dist_env import REQUEUE_EXIT_CODE, TRACKING_PENDING_EXIT_CODE
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# exits that are not a rank's failure (the others are not stopped): done, preempted, tracking left pending
+OK = (0, REQUEUE_EXIT_CODE, TRACKING_PENDING_EXIT_CODE)
 
 
 def launch_local(nproc: int, argv: list[str]) -> int:
@@ -43,7 +47,7 @@ def launch_local(nproc: int, argv: list[str]) -> int:
             for i, p in enumerate(procs):
                 if i not in codes and p.poll() is not None:
                     codes[i] = p.returncode
-                    if p.returncode not in (0, REQUEUE_EXIT_CODE) and failed_at is None:
+                    if p.returncode not in OK and failed_at is None:
                         failed_at = time.time()  # one rank died: the others would wait in a collective
                         how = (f"killed by {signal.Signals(-p.returncode).name}" if p.returncode < 0
                                else f"exit {p.returncode}")
@@ -60,7 +64,7 @@ def launch_local(nproc: int, argv: list[str]) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    bad = [c for c in codes.values() if c not in (0, REQUEUE_EXIT_CODE)]
+    bad = [c for c in codes.values() if c not in OK]
     if bad:
         return bad[0] if bad[0] > 0 else 1
-    return REQUEUE_EXIT_CODE if REQUEUE_EXIT_CODE in codes.values() else 0
+    return next((c for c in (REQUEUE_EXIT_CODE, TRACKING_PENDING_EXIT_CODE) if c in codes.values()), 0)

@@ -11,7 +11,6 @@ import torch.distributed as dist
 
 from hibert.config import config_hash
 from hibert.redact import redact_uri
-from hibert.registry import register_artifact_dir
 from hibert.runtime.export import write_export
 from hibert.runtime.tracking import git_commit
 
@@ -44,16 +43,17 @@ def publish(trainer, step: int, metrics: dict[str, float]) -> tuple[Path, str | 
         write_export(out, encoder, task.model_config(), trainer.train_data.tokenizer_path, meta)
         task.write_export_extras(out, full)
         trainer.tracker.artifacts(out, "export")
+        pending = False
         if cfg.tracking.register_model and trainer.tracker.run_id:
             alias = task.registry_alias(cfg)
-            version = register_artifact_dir(
-                trainer.tracker.uri, trainer.tracker.run_id, "export", task.registry_name(cfg), alias,
+            version = trainer.tracker.register(
+                "export", task.registry_name(cfg), alias,
                 tags={"stage": cfg.run.stage, "dataset_manifest": meta["dataset_manifest"],
                       "git_commit": meta["git_commit"], "world_size": str(rt.world_size), "step": str(step)},
-                also=cfg.tracking.also_aliases)
-            log.info("registered %s version %s (alias %s)", task.registry_name(cfg), version,
-                     ", ".join(dict.fromkeys([a for a in [alias, *cfg.tracking.also_aliases] if a])))
-        (out / "registry.json").write_text(json.dumps({"version": version, "uri": redact_uri(trainer.tracker.uri)}))
+                also=cfg.tracking.also_aliases, registry_json=out / "registry.json")
+            pending = version is None  # waits in the run's outbox (tracking server away)
+        (out / "registry.json").write_text(json.dumps({"version": version, "uri": redact_uri(trainer.tracker.uri),
+                                                       **({"pending": True} if pending else {})}))
     if dist.is_initialized():
         dist.barrier()
     return out, version

@@ -29,11 +29,13 @@ from hibert.data_prep.tokenizer import vocab_size
 from hibert.errors import UserError
 from hibert.hashing import file_hash
 from hibert.logs import setup_logging
+from hibert.redact import redact_uri
 from hibert.registry import check_reachable, check_store_location, resolve_model, tracking_uri
-from hibert.runtime.dist_env import REQUEUE_EXIT_CODE
+from hibert.runtime.dist_env import REQUEUE_EXIT_CODE, TRACKING_PENDING_EXIT_CODE
 from hibert.runtime.engine import init_distributed
 from hibert.runtime.export import read_export
 from hibert.runtime.launch import launch_local
+from hibert.runtime.outbox import OUTBOX
 from hibert.runtime.publish import NothingTrained
 from hibert.runtime.task import LoaderItem, ParamGroup, Task
 from hibert.runtime.trainer import Trainer
@@ -153,6 +155,18 @@ def run_task(cfg: Config, inputs: RunInputs, task: Task, command: str) -> int:
     if inputs.rt.is_main:
         log.info("%s %s at step %d; export: %s; registered version: %s", command, result.status, result.step,
                  result.export_dir, result.registered_version)
+        if result.tracking_pending:
+            log.error("%s: trained and exported to %s, but the tracking server %s did not come back within "
+                      "tracking.outage_wait_s=%.0f s: %d operation(s)%s wait in %s. When it is back: hibert registry "
+                      "sync %s (or start this job again); exit %d", command, result.export_dir,
+                      redact_uri(tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False)),
+                      cfg.tracking.outage_wait_s, result.tracking_pending,
+                      " (the registration among them)" if result.registered_version is None
+                      and cfg.tracking.register_model else "", cfg.run_dir / OUTBOX, cfg.run_dir,
+                      TRACKING_PENDING_EXIT_CODE)
     if dist.is_initialized():
         dist.destroy_process_group()
-    return REQUEUE_EXIT_CODE if result.status == "preempted" else 0
+    if result.status == "preempted":
+        return REQUEUE_EXIT_CODE
+    # only rank 0 knows; the launcher and the sbatch script take the job's status from any rank's
+    return TRACKING_PENDING_EXIT_CODE if result.tracking_pending else 0

@@ -1,18 +1,25 @@
 """MLflow on rank 0: one run per training job (kept across resumes), params, metrics, artifacts, tags.
 
+A server that goes away mid-run does not stop training: what cannot be sent waits, in order, in the run's
+outbox (`hibert.runtime.outbox`) and is re-sent when a probe finds the server back. Calls while it is away
+cost nothing (no MLflow retries per step: one probe every `tracking.retry_every_s`).
+
 Params are the flattened config with credentials masked (`hibert.redact`): tracking URIs with
 user:password, `slurm.env` tokens and `export SECRET=...` setup lines never reach the tracking server.
 """
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 from hibert.config import Config, config_to_dict
 from hibert.redact import redact_config_dict, redact_uri
-from hibert.registry import ensure_experiment, tracking_uri
+from hibert.registry import client, experiment_id, reachable, register_artifact_dir, tracking_uri
+from hibert.runtime.outbox import Outbox, drain
 
 log = logging.getLogger(__name__)
 
@@ -44,39 +51,141 @@ def config_params(cfg: Config) -> dict[str, str]:
 class Tracker:
     """No-op on ranks other than 0."""
 
-    def __init__(self, cfg: Config, enabled: bool):
+    def __init__(self, cfg: Config, enabled: bool, run_dir: Path | None = None):
         self.enabled = enabled
         self.uri = tracking_uri(cfg.tracking.uri, cfg.run.output_dir)
         self.run_id: str | None = None
         self.cfg = cfg
+        self.outbox = Outbox(run_dir if run_dir is not None else cfg.run_dir)
+        self.offline_since: float | None = None   # when the server stopped answering (None: it answers)
+        self.last_probe = 0.0
 
+    # ------------------------------------------------------------ the run
     def start(self, run_id: str | None, tags: dict[str, str]) -> str | None:
         if not self.enabled:
             return None
-        import mlflow
-
-        ensure_experiment(self.uri, self.cfg.tracking.experiment)
-        run = mlflow.start_run(run_id=run_id, run_name=None if run_id else self.cfg.run.name)
-        self.run_id = run.info.run_id
+        c = client(self.uri)
+        self.sync()  # what an earlier attempt of this run left (a requeue after an outage)
         if run_id is None:
-            mlflow.log_params(config_params(self.cfg))
-        mlflow.set_tags({k: redact_uri(str(v)) for k, v in {**tags, "git_commit": git_commit()}.items()})
+            run = c.create_run(experiment_id(self.uri, self.cfg.tracking.experiment), run_name=self.cfg.run.name)
+            run_id = run.info.run_id
+            from mlflow.entities import Param
+
+            c.log_batch(run_id, params=[Param(k, v) for k, v in config_params(self.cfg).items()])
+        else:
+            c.update_run(run_id, status="RUNNING")
+        self.run_id = run_id
+        from mlflow.entities import RunTag
+
+        c.log_batch(run_id, tags=[RunTag(k, redact_uri(str(v))) for k, v in {**tags, "git_commit": git_commit()}.items()])
         return self.run_id
 
     def metrics(self, values: dict[str, float], step: int) -> None:
-        if self.enabled:
-            import mlflow
-
-            mlflow.log_metrics({k: float(v) for k, v in values.items()}, step=step)
+        self._call({"op": "metrics", "values": {k: float(v) for k, v in values.items()}, "step": int(step),
+                    "timestamp": int(time.time() * 1000)})
 
     def artifacts(self, local_dir: Path, artifact_path: str) -> None:
-        if self.enabled:
-            import mlflow
+        self._call({"op": "artifacts", "dir": str(Path(local_dir).resolve()), "path": artifact_path})
 
-            mlflow.log_artifacts(str(local_dir), artifact_path=artifact_path)
+    def register(self, artifact_path: str, name: str, alias: str | None, tags: dict[str, str],
+                 also: list[str], registry_json: Path) -> str | None:
+        """The version number, or None when the registration waits in the outbox (`registry.json` says
+        `pending` until it is sent)."""
+        op = {"op": "register", "path": artifact_path, "name": name, "alias": alias, "tags": tags,
+              "also": list(also), "registry_json": str(Path(registry_json).resolve())}
+        return self._call(op)
 
     def end(self, status: str = "FINISHED") -> None:
-        if self.enabled:
-            import mlflow
+        self._call({"op": "end", "status": status})
 
-            mlflow.end_run(status=status)
+    # ------------------------------------------------------------ outages
+    def pending(self) -> int:
+        return len(self.outbox) if self.enabled else 0
+
+    def rejected(self) -> int:
+        return self.outbox.rejected() if self.enabled else 0
+
+    def sync(self, wait_s: float = 0.0) -> int:
+        """Send the outbox; while the server stays away, probe every `retry_every_s` for up to `wait_s`.
+        Returns how many operations are still pending."""
+        if not self.enabled:
+            return 0
+        deadline = time.monotonic() + wait_s
+        while True:
+            left = drain(self.outbox, lambda ops: send(self.uri, ops), self._reachable) if len(self.outbox) else 0
+            if left == 0:
+                if self.offline_since is not None:
+                    log.warning("tracking server %s is back after %.0f s; the outbox is sent",
+                                redact_uri(self.uri), time.monotonic() - self.offline_since)
+                self.offline_since = None
+                return 0
+            if time.monotonic() >= deadline:
+                return left
+            time.sleep(min(self.cfg.tracking.retry_every_s, max(0.0, deadline - time.monotonic())))
+
+    def _reachable(self) -> bool:
+        self.last_probe = time.monotonic()
+        return reachable(self.uri)
+
+    def _call(self, op: dict[str, Any]) -> Any:
+        if not self.enabled or self.run_id is None:
+            return None
+        op = {**op, "run_id": self.run_id}
+        if self.offline_since is not None:
+            if time.monotonic() - self.last_probe < self.cfg.tracking.retry_every_s or not self._reachable():
+                self.outbox.append(op)
+                return None
+            if self.sync():  # back, but the outbox did not all go through: keep order
+                self.outbox.append(op)
+                return None
+        try:
+            return send(self.uri, [op])
+        except Exception as e:  # noqa: BLE001 - MLflow raises many kinds; reachability decides
+            self.outbox.append(op)
+            if drain(self.outbox, lambda ops: send(self.uri, ops), self._reachable) == 0:
+                # the server answers: sent on the retry, or refused (kept in outbox.rejected.jsonl, warned)
+                return _version(op)
+            self.offline_since = time.monotonic()
+            log.warning("tracking server %s stopped answering (%s); training goes on, logging to %s until it is "
+                        "back (probed every %.0f s)", redact_uri(self.uri),
+                        redact_uri(str(e).splitlines()[0] if str(e) else type(e).__name__)[:200],
+                        self.outbox.path, self.cfg.tracking.retry_every_s)
+            return None
+
+
+def _version(op: dict[str, Any]) -> str | None:
+    """The version a `register` operation became, as the export's registry.json records it once sent."""
+    if op["op"] != "register":
+        return None
+    try:
+        return json.loads(Path(op["registry_json"]).read_text()).get("version")
+    except (OSError, ValueError):
+        return None
+
+def send(uri: str, ops: list[dict[str, Any]]) -> Any:
+    """Deliver one batch of outbox operations (several `metrics` of one run, or one other operation)."""
+    c = client(uri)
+    op = ops[0]
+    kind, run_id = op["op"], op["run_id"]
+    if kind == "metrics":
+        from mlflow.entities import Metric
+
+        c.log_batch(run_id, metrics=[Metric(k, v, o["timestamp"], o["step"]) for o in ops
+                                     for k, v in o["values"].items()])
+        return None
+    if kind == "artifacts":
+        c.log_artifacts(run_id, op["dir"], artifact_path=op["path"])
+        return None
+    if kind == "register":
+        version = register_artifact_dir(uri, run_id, op["path"], op["name"], op["alias"], tags=op["tags"],
+                                        also=op["also"], once=True)
+        registry_json = Path(op["registry_json"])
+        if registry_json.parent.is_dir():  # the export says which version it became
+            registry_json.write_text(json.dumps({"version": version, "uri": redact_uri(uri)}))
+        log.info("registered %s version %s (alias %s)", op["name"], version,
+                 ", ".join(dict.fromkeys([a for a in [op["alias"], *op["also"]] if a])))
+        return version
+    if kind == "end":
+        c.set_terminated(run_id, status=op["status"])
+        return None
+    raise ValueError(f"unknown outbox operation {kind!r}")

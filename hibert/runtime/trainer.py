@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from hibert.config import Config, config_hash, save_resolved
 from hibert.hashing import file_hash
+from hibert.redact import redact_uri
 from hibert.runtime.batching import BatchPlan, doc_costs, plan_epoch
 from hibert.runtime.checkpoint import CheckpointManager
 from hibert.runtime.engine import Runtime, build_engine
@@ -40,6 +41,7 @@ class TrainResult:
     export_dir: Path | None
     metrics: dict[str, float]
     registered_version: str | None = None
+    tracking_pending: int = 0          # operations left in the run's outbox (tracking server away)
 
 
 
@@ -236,8 +238,9 @@ class Trainer:
             # A finished run started again (e.g. a requeue after the last step): nothing left to do.
             if rt.is_main:
                 log.info("run already finished at step %d; export: %s", self.state["global_step"], done.parent)
+            left = self._send_outbox()  # what an outage left behind (metrics, the registration)
             version = json.loads(done.read_text()).get("version")
-            return TrainResult("finished", self.state["global_step"], done.parent, {}, version)
+            return TrainResult("finished", self.state["global_step"], done.parent, {}, version, left)
         first_plan = self.plan(self.state["epoch"])
         self.step_log = StepLog(self.total_steps(first_plan.steps), self.state["global_step"], rt.is_main)
         if rt.is_main:
@@ -290,11 +293,23 @@ class Trainer:
             self.checkpointer.save(self.engine, step, self.state, force=True)  # marks the run finished
             export_dir, version = publish(self, step, metrics)
             self.tracker.end()
-            return TrainResult(status, step, export_dir, metrics, version)
+            left = self._send_outbox()
+            version = version or json.loads((export_dir / "registry.json").read_text()).get("version")
+            return TrainResult(status, step, export_dir, metrics, version, left)
         except BaseException:
             self._close(it)
             self.tracker.end("FAILED")
             raise
+
+    def _send_outbox(self) -> int:
+        """Rank 0, after the last collective: wait up to tracking.outage_wait_s for a server that went away to
+        take what the run kept for it. Returns how many operations are still pending."""
+        if not self.tracker.pending():
+            return 0
+        wait = self.cfg.tracking.outage_wait_s
+        log.warning("%d tracking operation(s) wait in %s; waiting up to %.0f s for %s", self.tracker.pending(),
+                    self.tracker.outbox.path, wait, redact_uri(self.tracker.uri))
+        return self.tracker.sync(wait_s=wait)
 
     @staticmethod
     def _close(it) -> None:
