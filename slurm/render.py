@@ -105,6 +105,8 @@ def render_job(spec: JobSpec) -> str:
         command=_words(spec.command),
         requeue_exit_code=REQUEUE_EXIT_CODE,
         requeue=1 if r.requeue else 0,
+        max_restarts=r.max_restarts,
+        crash_count=_check_path(spec.log_dir / ".restarts-${SLURM_JOB_ID}"),
     )
 
 

@@ -234,6 +234,7 @@ def test_a_hung_or_killed_rank_ends_the_job_in_bounded_time(tiny_data, tmp_path,
         assert "hibert: rank 1" in out and "killed by SIGKILL" in out
     else:   # rank 0 gives up on the stopped rank 1 in its collective
         assert "hibert: rank 0" in out and elapsed > 5
+        assert "rank 0 lost its peers in a collective" in out and "Traceback" not in out, out[-3000:]
 
 
 def test_a_second_run_on_the_same_directory_refuses_on_every_rank(tiny_data, tmp_path):

@@ -69,6 +69,9 @@ class SlurmResources(Section):
     mem: str | None = None                 # --mem per node, e.g. 480G
     signal_grace_s: int = Field(120, ge=0)  # --signal=B:USR1@<grace>: seconds to checkpoint before the limit
     requeue: bool = True                   # --requeue, and requeue when the step exits with EX_TEMPFAIL (75)
+    # a step that fails (a rank or node lost, an OOM kill, the tracking server still away) requeues the job this many
+    # times; it resumes from the newest complete checkpoint. Preemptions (75) do not count. 0: fail at once
+    max_restarts: int = Field(2, ge=0)
     container: str | None = None           # pyxis: srun --container-image=<container>
     srun_args: list[str] = Field(default_factory=list)    # extra srun options, e.g. --container-mounts=...
     setup: list[str] = Field(default_factory=list)        # shell lines: module loads, venv activation...

@@ -143,6 +143,16 @@ def prepare_run(cfg: Config, check_init: bool = True) -> RunInputs:
     return RunInputs(rt, train_data, valid_data, init, vocab_size(train_data.tokenizer_path), lock)
 
 
+# What torch.distributed raises on a rank whose peer died (gloo: the socket closes; NCCL: the watchdog) or hung
+# past run.collective_timeout_s: DistError subclasses on recent torch, plain RuntimeErrors from gloo's transport.
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Timed out waiting",
+             "timed out", "Watchdog caught collective operation timeout", "NCCL communicator was aborted")
+
+
+def peer_lost(e: BaseException) -> bool:
+    return isinstance(e, getattr(dist, "DistError", ())) or any(m in str(e) for m in PEER_LOST)
+
+
 def run_task(cfg: Config, inputs: RunInputs, task: Task, command: str) -> int:
     """Train `task` with the shared Trainer; exit code 75 (requeue) when preempted."""
     try:
@@ -151,6 +161,15 @@ def run_task(cfg: Config, inputs: RunInputs, task: Task, command: str) -> int:
         log.error("%s: %s", command, e)
         if dist.is_initialized():
             dist.destroy_process_group()
+        return 1
+    except RuntimeError as e:
+        if not peer_lost(e):
+            raise
+        # another rank died or hung: one line here (the launcher or srun names which), not a c10d traceback
+        log.debug("collective failed", exc_info=True)
+        log.error("%s: rank %d lost its peers in a collective (%s); exiting: the job restarts from the newest "
+                  "complete checkpoint in %s (slurm.max_restarts), or start it again", command, inputs.rt.rank,
+                  str(e).splitlines()[0][:300] if str(e) else type(e).__name__, cfg.checkpoint_dir)
         return 1
     if inputs.rt.is_main:
         log.info("%s %s at step %d; export: %s; registered version: %s", command, result.status, result.step,
