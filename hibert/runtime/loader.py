@@ -2,7 +2,9 @@
 loader can start anywhere (resume) and any worker count gives the same batches."""
 from __future__ import annotations
 
+import os
 import time
+from functools import partial
 
 import numpy as np
 import torch
@@ -32,7 +34,7 @@ def make_loader(task: Task, dataset, batches: list[np.ndarray], epoch: int, work
     copy in `LoaderItem.to` is asynchronous (non_blocking) and overlaps the previous step's kernels."""
     return DataLoader(MicroBatches(task, dataset, batches, epoch), batch_size=None, shuffle=False,
                       num_workers=workers, pin_memory=pin_memory and torch.cuda.is_available(),
-                      worker_init_fn=ignore_preemption_signals if workers else None,
+                      worker_init_fn=partial(ignore_preemption_signals, parent=os.getpid()) if workers else None,
                       prefetch_factor=4 if workers else None, persistent_workers=False,
                       multiprocessing_context="fork" if workers else None,
                       generator=torch.Generator().manual_seed(0))

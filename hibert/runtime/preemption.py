@@ -2,6 +2,7 @@
 then everyone checkpoints and exits with REQUEUE_EXIT_CODE so the Slurm script requeues the job."""
 from __future__ import annotations
 
+import os
 import signal
 
 import torch
@@ -30,10 +31,16 @@ class PreemptionFlag:
         return bool(t.item())
 
 
-def ignore_preemption_signals(_worker_id: int = 0) -> None:
+def ignore_preemption_signals(_worker_id: int = 0, parent: int | None = None) -> None:
     """DataLoader worker_init_fn: only the trainer reacts to preemption; workers must keep feeding it
     while it finishes the step and checkpoints. Since they ignore SIGTERM, they are tied to their parent's
-    life instead (Linux PR_SET_PDEATHSIG), so no worker outlives a crashed trainer."""
+    life instead (Linux PR_SET_PDEATHSIG), so no worker outlives a crashed trainer.
+
+    A worker forked just before its trainer was killed would miss both the death signal (set after the
+    parent was gone) and torch's own watchdog (which then watches init): it would live on holding the
+    trainer's inherited gloo sockets open, and the other ranks would wait on them for
+    run.collective_timeout_s instead of failing at once. `parent` (the trainer's pid, taken before the
+    fork) closes that window."""
     for s in PreemptionFlag.SIGNALS:
         signal.signal(s, signal.SIG_IGN)
     try:
@@ -43,3 +50,5 @@ def ignore_preemption_signals(_worker_id: int = 0) -> None:
         libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
     except OSError:
         pass
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
