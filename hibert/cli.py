@@ -137,9 +137,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"hibert {args.command}: not available in this installation ({e.name} is missing)", file=sys.stderr)
         return 2
-    if not takes_config:
-        return int(handler(args) or 0)
-    return int(handler(cfg, args) or 0)
+    try:
+        return int((handler(args) if not takes_config else handler(cfg, args)) or 0)
+    except (OSError, RuntimeError) as e:
+        from hibert.errors import disk_full, free_mb
+
+        if not disk_full(e):
+            raise
+        where = getattr(e, "filename", None) or (cfg.data.output if cfg is not None and args.command == "prep"
+                                                 else cfg.run_dir if cfg is not None else ".")
+        print(f"hibert {args.command}: no space left on device writing under {where} ({free_mb(where)}): free space "
+              "and run the same command again (prep keeps its finished shards, training its complete checkpoints)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

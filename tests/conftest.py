@@ -72,3 +72,31 @@ def tiny_train_overrides(run_root: Path, name: str, dataset: Path, **extra) -> l
             "deepspeed.zero_stage": 2}
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
+
+
+# ---------------------------------------------------------------- a size-limited filesystem
+class SmallDisk:
+    """A tmpfs mounted for one test; `resize` changes its size and keeps its files (mount -o remount)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def resize(self, size: str) -> None:
+        out = _subprocess.run(["mount", "-o", f"remount,size={size}", str(self.path)], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """Full-disk tests need a filesystem that fills up: a tmpfs (root only; skipped with the reason otherwise)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a size-limited tmpfs needs root")
+    out = _subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip()}")
+    try:
+        yield SmallDisk(mnt)
+    finally:
+        _subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

@@ -16,6 +16,7 @@ from hibert.data_prep.oracle import oracle_labels
 from hibert.data_prep.plan import PlanMismatch
 from hibert.data_prep.process import Sentencizer, shard_marker
 from hibert.data_prep.shards import SPLITS, ShardPart, SplitWriter
+from conftest import run_hibert
 from hibert.cli import main
 from hibert.config.data import DataConfig, SegmenterConfig, SourceConfig, TokenizerConfig
 
@@ -546,3 +547,40 @@ def test_a_flipped_byte_or_a_truncated_file_is_found_when_the_dataset_opens(form
         assert str(tokens) in str(e.value)
         assert verify_dataset(copy) == 1
     assert verify_dataset(out) == 0
+
+
+def test_prep_on_a_full_disk_is_one_line_and_a_rerun_completes(tmp_path, small_disk):
+    """Prep whose output fills its disk: one line naming where and the free space, exit 1, no traceback;
+    with space again the same command completes and writes what a prep with space all along writes."""
+    src = tmp_path / "reuters.jsonl"
+    src.write_text("\n".join((SAMPLES / "reuters_sample.jsonl").read_text(encoding="utf-8").splitlines()[:120]) + "\n")
+    args = lambda out: ["prep", "data.tokenizer.vocab_size=600", f"data.output={out}",  # noqa: E731
+                        f"data.sources=[{{format: jsonl, path: '{src}', text_field: body, id_field: newid}}]"]
+    small_disk.resize("120k")
+    out = run_hibert(args(small_disk.path / "out"), check=False)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "no space left on device" in out.stderr and str(small_disk.path) in out.stderr
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    small_disk.resize("20m")
+    run_hibert(args(small_disk.path / "out"))
+    run_hibert(args(tmp_path / "ref"))
+    got, ref = (json.loads((d / "manifest.json").read_text()) for d in (small_disk.path / "out", tmp_path / "ref"))
+    assert got["counts"] == ref["counts"] and got["counts"]["docs_in"] == 120
+    assert got["splits"] == ref["splits"]
+
+
+def test_full_disk_is_recognised_however_it_is_raised(small_disk):
+    """ENOSPC from plain writes, safetensors and torch.save (which drops the errno) — on a real full tmpfs."""
+    import torch
+    from safetensors.torch import save_file
+
+    from hibert.errors import disk_full
+
+    small_disk.resize("64k")
+    big = {"w": torch.zeros(100_000)}
+    with pytest.raises(OSError) as plain:
+        (small_disk.path / "a.bin").write_bytes(b"\0" * 200_000)
+    with pytest.raises(Exception) as st:
+        save_file(big, str(small_disk.path / "b.safetensors"))
+    assert disk_full(plain.value) and disk_full(st.value)
+    assert not disk_full(ValueError("bad value")) and not disk_full(FileNotFoundError(2, "No such file"))

@@ -237,6 +237,27 @@ def test_a_hung_or_killed_rank_ends_the_job_in_bounded_time(tiny_data, tmp_path,
         assert "rank 0 lost its peers in a collective" in out and "Traceback" not in out, out[-3000:]
 
 
+def test_a_full_disk_refuses_the_checkpoint_keeps_the_previous_and_resumes(tiny_data, tmp_path, reference_run,
+                                                                           small_disk):
+    """A checkpoint that cannot fit is refused on every rank before a byte is written (one line naming the
+    space and the checkpoint kept); once space is freed the run resumes and ends as the uninterrupted one."""
+    small_disk.resize("14m")  # two tags of this model (~5.5 MB each), not a third
+    args = ["pretrain", *tiny_train_overrides(small_disk.path, "ref", tiny_data["open"], **{
+        "schedule.max_steps": 8, "tracking.uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}),
+            "--stage", "open-domain", "--nproc", "2"]
+    out = run_hibert(args, timeout=300, check=False)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "no space for checkpoint step 6" in out.stderr and "step_000000004, is intact" in out.stderr
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    ckpt = small_disk.path / "ref" / "checkpoints"
+    assert sorted(p.parent.name for p in ckpt.glob("step_*/COMPLETE.json")) == ["step_000000002", "step_000000004"]
+    assert not (ckpt / "step_000000006").exists()
+    small_disk.resize("64m")
+    out = run_hibert(args, timeout=300)
+    assert "resumed from" in out.stderr
+    assert_same(encoder_weights(reference_run), encoder_weights(small_disk.path / "ref"))
+
+
 def test_a_second_run_on_the_same_directory_refuses_on_every_rank(tiny_data, tmp_path):
     """Two 2-rank runs with one run directory: the second's ranks learn from rank 0 (one broadcast) that the
     first holds it, and all exit with one line naming it, instead of interleaving checkpoints."""

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hibert.errors import DiskFull, disk_full
 from hibert.runtime.rng_state import load_rng_state, save_rng_state
 
 log = logging.getLogger(__name__)
@@ -168,11 +169,13 @@ class CheckpointManager:
         self.root, self.keep_last, self.rank, self.world = Path(root), keep_last, rank, world_size
 
     def save(self, engine, step: int, state: dict[str, Any]) -> Path:
-        """Collective: every rank must call it."""
+        """Collective: every rank must call it. Raises DiskFull on every rank, before anything is written,
+        when the filesystem cannot hold another tag (the previous complete one is left as it is)."""
         tag = tag_for(step)
         tag_dir = self.root / tag
         if self.rank == 0 and tag_dir.exists():  # a stale partial save of the same step
             shutil.rmtree(tag_dir)
+        self._check_space(engine, step)
         dist.barrier()
         from deepspeed.checkpoint.constants import (
             UNIVERSAL_CHECKPOINT_INFO,
@@ -181,15 +184,46 @@ class CheckpointManager:
         )
 
         # The universal-checkpoint info lets a later run with another world size convert this tag.
-        engine.save_checkpoint(str(self.root), tag=tag, save_latest=False, client_state={
-            UNIVERSAL_CHECKPOINT_INFO: {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}})
-        save_rng_state(tag_dir / f"rng_rank{self.rank:05d}.safetensors")
+        try:
+            engine.save_checkpoint(str(self.root), tag=tag, save_latest=False, client_state={
+                UNIVERSAL_CHECKPOINT_INFO: {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}})
+            save_rng_state(tag_dir / f"rng_rank{self.rank:05d}.safetensors")
+        except (OSError, RuntimeError) as e:
+            # torch.save reports ENOSPC as "file write failed" without the errno: the free space tells
+            if disk_full(e) or shutil.disk_usage(self.root).free < 2**20:
+                raise DiskFull(self._full_message(step, "the disk filled up while it was written")) from None
+            raise
         dist.barrier()  # every rank's shards are on disk before the marker says so
         if self.rank == 0:
             write_marker(tag_dir, step=step, world_size=self.world, state=state)
             self._prune()
         dist.barrier()
         return tag_dir
+
+    def _check_space(self, engine, step: int) -> None:
+        """Rank 0 compares the free space with what the next tag needs (the newest tag's size, or ~16 bytes
+        per parameter before the first: fp32 weights + Adam's fp32 master and two moments, +20%); every rank
+        learns the answer (one broadcast) so all refuse together instead of one failing mid-write."""
+        verdict = [None]
+        if self.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            tags = [t for t in complete_tags(self.root) if _ours(t)]
+            need = (sum(p.stat().st_size for p in _files(tags[0])) if tags else
+                    int(1.2 * 16 * sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())))
+            free = shutil.disk_usage(self.root).free
+            if free < need:
+                verdict = [self._full_message(step, f"it needs ~{need / 2**20:,.1f} MB, "
+                                                    f"{free / 2**20:,.1f} MB are free")]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(verdict, src=0)
+        if verdict[0]:
+            raise DiskFull(verdict[0])
+
+    def _full_message(self, step: int, why: str) -> str:
+        tags = [t for t in complete_tags(self.root) if _ours(t)]
+        kept = f"the newest complete checkpoint, {tags[0].name}, is intact" if tags else "no earlier checkpoint"
+        return (f"no space for checkpoint step {step} in {self.root} ({why}); {kept}. Free space (or set "
+                "checkpoint.keep_last lower) and start the run again: it resumes from the newest complete checkpoint")
 
     def _prune(self) -> None:
         # only tags our marker claims count and are deleted: a foreign directory is neither trusted

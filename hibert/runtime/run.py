@@ -26,7 +26,7 @@ from hibert.config import Config, save_resolved
 from hibert.config.model import ModelConfig
 from hibert.data_prep import DocumentDataset
 from hibert.data_prep.tokenizer import vocab_size
-from hibert.errors import UserError
+from hibert.errors import DiskFull, UserError, disk_full, free_mb
 from hibert.hashing import file_hash
 from hibert.logs import setup_logging
 from hibert.redact import redact_uri
@@ -162,8 +162,16 @@ def run_task(cfg: Config, inputs: RunInputs, task: Task, command: str) -> int:
         if dist.is_initialized():
             dist.destroy_process_group()
         return 1
-    except RuntimeError as e:
-        if not peer_lost(e):
+    except DiskFull as e:
+        log.error("%s: %s", command, e)
+        return 1
+    except (OSError, RuntimeError) as e:
+        if disk_full(e):  # the export, the step log, the resolved config...
+            log.error("%s: no space left on device (%s, under %s; %s); checkpoints already complete are intact: free "
+                      "space and start the run again", command, str(e).splitlines()[0][:200] if str(e) else "ENOSPC",
+                      cfg.run_dir, free_mb(cfg.run_dir))
+            return 1
+        if not isinstance(e, RuntimeError) or not peer_lost(e):
             raise
         # another rank died or hung: one line here (the launcher or srun names which), not a c10d traceback
         log.debug("collective failed", exc_info=True)
