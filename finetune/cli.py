@@ -184,7 +184,22 @@ def _log_to_mlflow(cfg: Config, uri: str, outcome: EvalOutcome) -> None:
                            if k in ("k", "trigram_blocking", "split", "generation", "compared_with")})
         for system, sc in result["systems"].items():
             mlflow.log_metrics({f"{system}_{m}": v["mean"] for m, v in sc.items()})
-        mlflow.log_artifacts(str(outcome.out), artifact_path="report")
+        mlflow.log_artifacts(str(outcome.out), artifact_path="report")   # report.md/json, rouge.png, viewer.html
+        table = per_document_table(result)
+        if table["doc_id"]:  # per-document ROUGE per system: comparable across runs in the MLflow UI
+            mlflow.log_table(data=table, artifact_file="report/per_document.json")
+
+
+def per_document_table(result: dict) -> dict[str, list]:
+    """One row per (document, system): its ROUGE F1 of the headline metrics."""
+    ids, per_doc = result.get("doc_ids", []), result.get("per_document", {})
+    table: dict[str, list] = {"doc_id": [], "system": []}
+    for system, scores in per_doc.items():
+        table["doc_id"] += list(ids)
+        table["system"] += [system] * len(ids)
+        for metric, values in scores.items():
+            table.setdefault(metric, []).extend(values)
+    return table
 
 
 # ------------------------------------------------------------------------------------------------ summarize

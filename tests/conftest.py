@@ -100,3 +100,30 @@ def small_disk(tmp_path):
         yield SmallDisk(mnt)
     finally:
         _subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+# ---------------------------------------------------------------- a real headless browser
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--hide-scrollbars"]
+
+
+def render_in_chromium(page: Path, fragment: str = "", screenshot: Path | None = None) -> str:
+    """The DOM of a local page after its scripts ran, in Debian's chromium (installed by .ci/run); with
+    `screenshot`, also a 1280x900 PNG of it. Skips, saying why, where chromium is not installed."""
+    import shutil
+    import tempfile
+
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.skip("chromium is not installed (.ci/run installs Debian's chromium)")
+    url = f"file://{Path(page).resolve()}" + (f"#{fragment}" if fragment else "")
+    with tempfile.TemporaryDirectory() as profile:
+        base = [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}"]
+        dom = _subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True, timeout=120)
+        assert dom.returncode == 0 and "<body" in dom.stdout, dom.stderr[-2000:]
+        if screenshot is not None:
+            shot = _subprocess.run([*base, "--window-size=1280,900", f"--screenshot={screenshot}", url],
+                                   capture_output=True, text=True, timeout=120)
+            assert shot.returncode == 0 and Path(screenshot).is_file(), shot.stderr[-2000:]
+    return dom.stdout

@@ -2,14 +2,16 @@
 resume after kill -9, ZeRO-3, MLflow registry, evaluation report and `hibert summarize`."""
 import json
 import os
+import re
 import signal
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
 from safetensors.torch import load_file
 
-from conftest import HIBERT, REPO, run_hibert, tiny_train_overrides
+from conftest import HIBERT, REPO, render_in_chromium, run_hibert, tiny_train_overrides
 from test_pretrain_deepspeed import _start, _wait_for, assert_same, metric_history
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -95,6 +97,24 @@ def test_evaluate_reports_abstractive_stats_and_pairs_other_runs(reference, tmp_
     assert {"novel_1gram", "novel_4gram", "repeated_3gram", "mean_words"} <= set(stats)
     assert report["abstractiveness"]["lead3"]["novel_2gram"] == 0.0  # an extract has no novel n-grams
     assert report["meta"]["generation"]["beam_size"] == 2 and "model-greedy" in out.stdout
+    # the output viewer, rendered by a real headless browser; the per-document rows are an MLflow table
+    viewer = root / "abs" / "report-valid" / "viewer.html"
+    assert f"viewer: {viewer}" in out.stdout
+    dom = render_in_chromium(viewer, "worst&open=0", tmp_path / "viewer.png")
+    assert dom.count('<tr class="doc"') == report["num_documents"] > 0
+    assert re.search(r'<div class="sent[^"]*pick-oracle', dom)          # the oracle's picks marked in the source
+    assert re.search(r'<mark class="copy">[^<]+</mark>', dom) or '<span class="novel">' in dom
+    assert (tmp_path / "viewer.png").stat().st_size > 10_000
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    run = client.search_runs([client.get_experiment_by_name("hibert").experiment_id],
+                             "tags.stage = 'evaluate'", order_by=["start_time DESC"])[0]
+    logged = {a.path for a in client.list_artifacts(run.info.run_id, "report")}
+    assert {"report/viewer.html", "report/per_document.json"} <= logged
+    table = json.loads(Path(client.download_artifacts(run.info.run_id, "report/per_document.json",
+                                                      str(tmp_path))).read_text())
+    assert len(table["data"]) == 3 * report["num_documents"] and "rouge1_f" in table["columns"]
 
 
 def test_summarize_raw_text_and_refusals(reference, tmp_path, tiny_data):
@@ -167,3 +187,60 @@ def test_summarize_decoding_flags_reach_the_decoder(reference, tmp_path):
     assert bad.returncode == 2 and bad.stderr.strip() == (
         "hibert summarize: --max-len 512: the model's decoder has 512 target positions (decoder.max_positions in "
         "abstractive.json), so at most --max-len 511"), bad.stderr
+
+
+def test_registered_version_is_a_pyfunc_model_served_by_mlflow_like_summarize(reference, tmp_path, monkeypatch):
+    """The registered version loads with mlflow.pyfunc and `mlflow models serve` answers POST /invocations with
+    what `hibert summarize --json` prints (default and given decoding settings); malformed requests get 400 with
+    a message and the server keeps answering."""
+    import mlflow
+    import pandas as pd
+
+    from serving_helpers import invoke, served
+
+    root, over = reference
+    uri, model = f"sqlite:///{root / 'mlflow.db'}", "models:/hibert-abstractive@finetuned"
+    articles = [json.loads(line)["article"] for line in
+                (REPO / "samples" / "cnndm_test_sample.jsonl").read_text().splitlines()[:3]]
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": a}) + "\n" for a in articles))
+
+    def cli(*flags):
+        out = run_hibert(["summarize", *over, "--model", model, "--input", docs, "--json", *flags], timeout=180)
+        return [(r["summary"], r["subwords"]) for r in map(json.loads, out.stdout.splitlines()) if r]
+
+    flags, params = ["--beam", "1", "--max-len", "12", "--no-repeat-ngram", "2"], {"beam": 1, "max_len": 12,
+                                                                                   "no_repeat_ngram": 2}
+    want_default, want_params = cli(), cli(*flags)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    loaded = mlflow.pyfunc.load_model(model)
+    assert loaded.metadata.get_params_schema() is not None
+    got = loaded.predict(pd.DataFrame({"text": articles}))
+    assert list(zip(got["summary"], got["subwords"])) == want_default
+    got = loaded.predict(pd.DataFrame({"text": articles, "id": ["a", "b", "c"]}), params=params)
+    assert list(zip(got["summary"], got["subwords"])) == want_params and list(got["id"]) == ["a", "b", "c"]
+
+    with served(model, uri, tmp_path / "serve.log") as url:
+        status, body = invoke(url, {"dataframe_split": {"columns": ["text"], "data": [[a] for a in articles]},
+                                    "params": params})
+        assert status == 200 and [(p["summary"], p["subwords"]) for p in body["predictions"]] == want_params
+        status, body = invoke(url, {"dataframe_records": [{"id": "one", "text": articles[0]}]})
+        assert status == 200 and body["predictions"][0]["id"] == "one"
+        assert (body["predictions"][0]["summary"], body["predictions"][0]["subwords"]) == want_default[0]
+        limit = json.loads((root / "abs" / "export" / "export.json").read_text())["data"]["limits"]["max_doc_chars"]
+        for payload, needle in [
+                ({"dataframe_records": [{"txt": "a"}]}, "missing inputs ['text']"),
+                ({"dataframe_records": [{"text": 3}]}, "'text' must be a string"),
+                ({"dataframe_records": [{"text": "  "}]}, "'text' is empty"),
+                ({"dataframe_records": [{"text": "Hi."}], "params": {"beam": 0}}, "params.beam 0: must be >= 1"),
+                ({"dataframe_records": [{"text": "Hi."}], "params": {"beam": "x"}}, "beam"),
+                ({"dataframe_records": [{"text": "Hi."}], "params": {"min_len": 9, "max_len": 3}},
+                 "params.min_len 9 is above params.max_len 3"),
+                ({"dataframe_records": [{"text": "a b. " * (limit // 5 + 1)}]}, "above the"),
+                (b"{not json", "valid JSON")]:
+            status, body = invoke(url, payload)
+            assert 400 <= status < 500 and needle in body["message"], (payload if isinstance(payload, bytes)
+                                                                       else str(payload)[:200], status, body)
+        status, body = invoke(url, {"dataframe_records": [{"text": articles[1]}], "params": params})
+        assert status == 200 and (body["predictions"][0]["summary"], body["predictions"][0]["subwords"]) == \
+            want_params[1]

@@ -243,3 +243,27 @@ def test_damaged_exports_and_unresolvable_references_are_one_line(finetuned, tmp
         assert "does not resolve in sqlite:///" in err and ref in err and "Traceback" not in err, (ref, err)
         assert main(["evaluate", *over, "--model", ref, "--split", "valid"]) == 2, ref
         assert "does not resolve" in capsys.readouterr().err
+
+
+def test_pyfunc_predict_picks_what_summarize_picks(finetuned, monkeypatch):
+    """The registered extractive version as an MLflow pyfunc model: `k` as a param, the same picks as
+    `hibert summarize --k`, and k=0 refused with a message."""
+    import mlflow
+    import pandas as pd
+    from mlflow.exceptions import MlflowException
+
+    root, over = finetuned
+    texts = ["The city council approved the new budget on Monday. It includes money for three new schools. "
+             "Critics said the plan raises taxes too much. The mayor welcomed the vote.",
+             "Rain fell for a week. Rivers rose. Two bridges closed on Friday. Officials urged calm."]
+    docs = root / "pyfunc_docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = run_hibert(["summarize", *over, "--model", "models:/hibert-extractive@finetuned", "--input", docs,
+                      "--k", "2", "--json"])
+    want = [(r["summary"], r["indices"]) for r in map(json.loads, out.stdout.splitlines())]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+    model = mlflow.pyfunc.load_model("models:/hibert-extractive@finetuned")
+    got = model.predict(pd.DataFrame({"text": texts}), params={"k": 2})
+    assert list(zip(got["summary"], got["indices"])) == want
+    with pytest.raises(MlflowException, match="params.k 0: must be >= 1"):
+        model.predict(pd.DataFrame({"text": texts}), params={"k": 0})

@@ -161,3 +161,26 @@ def test_mds_kill9_then_resume_is_bit_identical(trained):
                 for k, v in load_file(str(f)).items()}
 
     assert_same(weights("mds"), weights("mds-resume"))
+
+
+def test_pyfunc_cluster_served_like_summarize(trained, tmp_path, monkeypatch):
+    """The registered mds version (its units ranked by the registered ranker) served by `mlflow models serve`:
+    a `documents` list per row gives the abstract `hibert summarize` gives for the same cluster."""
+    from serving_helpers import invoke, served
+
+    root, _, mds, _ = trained
+    clusters = [["The storm hit the coast on Monday. Power lines fell in three towns.\n\nSchools closed.",
+                 "Heavy rain followed the storm. Rivers rose quickly."],
+                ["The team won the cup final. Fans celebrated in the streets.", "The coach praised the defence."]]
+    lines = tmp_path / "clusters.jsonl"
+    lines.write_text("".join(json.dumps({"documents": c}) + "\n" for c in clusters))
+    out = run_hibert(["summarize", *mds, "--model", "models:/hibert-mds@finetuned", "--input", lines, "--json",
+                      "--beam", "1"], timeout=200)
+    want = [r["summary"] for r in map(json.loads, out.stdout.splitlines())]
+    with served("models:/hibert-mds@finetuned", f"sqlite:///{root / 'mlflow.db'}", tmp_path / "serve.log") as url:
+        status, body = invoke(url, {"dataframe_records": [{"documents": c} for c in clusters], "params": {"beam": 1}})
+        assert status == 200 and [p["summary"] for p in body["predictions"]] == want, body
+        status, body = invoke(url, {"dataframe_records": [{"text": "One document."}]})
+        assert status == 400 and "missing inputs ['documents']" in body["message"]
+        status, body = invoke(url, {"dataframe_records": [{"documents": ["", " "]}]})
+        assert status == 400 and "every document of the cluster is empty" in body["message"]

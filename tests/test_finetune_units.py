@@ -111,3 +111,18 @@ def test_summarize_inputs_json_lines_any_suffix_empty_records_clusters_and_lengt
         check_lengths([("doc.txt", "x" * 101)], export, clusters=False)
     with pytest.raises(InputError, match=r"c.jsonl:1 \(document 2\): 150 characters"):
         check_lengths([("c.jsonl:1", ["short", "y" * 150])], export, clusters=True)
+
+
+def test_viewer_copied_fragments_novel_words_and_picks_hand_checked():
+    """Grusky et al.'s greedy fragments on a hand-checked case (lowercased): 'the storm hit the coast' (5 tokens)
+    and 'power lines fell in' (4) are copied; 'and' is a word the source never uses; 'towns .' is a source run
+    of only 2 tokens, below MIN_COPY = 3, so it is neither copied nor novel."""
+    from hibert.finetune.base.viewer import _picks, copy_segments, novel_bigrams
+
+    source = ["The storm hit the coast on Monday .", "Power lines fell in three towns ."]
+    summary = ["the storm hit the coast and power lines fell in towns ."]
+    assert copy_segments(summary, source) == [[["the storm hit the coast", "copy"], ["and", "novel"],
+                                               ["power lines fell in", "copy"], ["towns .", ""]]]
+    assert novel_bigrams(summary, source) == ["coast and", "and power", "in towns"]
+    assert _picks(["Power lines fell in three towns ."], source) == [1]
+    assert _picks(summary, source) is None

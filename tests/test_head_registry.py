@@ -21,6 +21,7 @@ def test_a_toy_head_runs_through_finetune_evaluate_and_summarize(tiny_data, tmp_
     export = tmp_path / "lead" / "export"
     assert json.loads((export / "export.json").read_text())["task"] == "lead-k"
     assert (export / "lead_head.safetensors").is_file()
+    assert "loader_module: hibert.finetune.serving.pyfunc" in (export / "MLmodel").read_text()  # a pyfunc too
     from hibert.registry import list_versions
 
     versions = list_versions(f"sqlite:///{tmp_path / 'mlflow.db'}", "hibert-lead-k")
@@ -29,7 +30,7 @@ def test_a_toy_head_runs_through_finetune_evaluate_and_summarize(tiny_data, tmp_
     out = run_hibert(["evaluate", *over, "--bootstrap", "50"], timeout=300, env=env)
     report = json.loads((tmp_path / "lead" / "report-test" / "report.json").read_text())
     assert report["meta"]["task"] == "lead-k" and {"model", "lead3", "oracle"} <= set(report["scores"])
-    assert out.stdout.splitlines()[-1].startswith("report: ")
+    assert out.stdout.splitlines()[-2].startswith("report: ") and out.stdout.splitlines()[-1].startswith("viewer: ")
 
     article = tmp_path / "article.txt"
     article.write_text("The council met on Monday. It approved the budget. Taxes will rise. Schools get more. "

@@ -17,12 +17,13 @@ class AbstractiveSummarizer:
         self.encode = TextEncoder(export_dir, meta, stanza_dir)
         self.decoder = Decoder(model, Path(export_dir) / "tokenizer.model", self.generation, device)
 
-    def summarize_all(self, docs: list[tuple[str, str]]) -> list[Summary]:
+    def summarize_all(self, docs: list[tuple[str, str]], generation=None) -> list[Summary]:
+        """One summary per (id, text); `generation`: decoding settings for this call (default: the loaded ones)."""
         encoded = [self.encode(text, doc_id) for doc_id, text in docs]
         step = self.encode.cfg.max_doc_sentences
         todo = [i for i, (texts, _, _) in enumerate(encoded) if texts]
         # the encoder reads the first max_doc_sentences sentences, as in training
-        decoded = self.decoder.summarize_ids([encoded[i][1][:step] for i in todo])
+        decoded = self.decoder.summarize_ids([encoded[i][1][:step] for i in todo], generation)
         out = [Summary(doc_id, [], [], 0, "no sentences found") for doc_id, _ in docs]
         for i, d in zip(todo, decoded):
             texts, _, ptb = encoded[i]

@@ -20,6 +20,7 @@ ONE_SEED = ("One training seed of this model: its intervals carry document varia
             "move it by more than these differences; order trained systems with `hibert compare NAME=run ...` over "
             "several seeds (`--seeds` / `slurm.seeds`).")
 from hibert.finetune.base.selection import lead, oracle_from_labels
+from hibert.finetune.base.viewer import write_viewer
 
 log = logging.getLogger("hibert.evaluate")
 HEADLINE = ("rouge1_f", "rouge2_f", "rougeL_f", "rougeLsum_f")
@@ -76,7 +77,7 @@ def score_systems(docs: list[Document], systems: dict[str, list[list[str]]], n_r
 
 
 def write_report(out_dir: Path, result: dict[str, Any], docs: list[Document], meta: dict[str, Any]) -> dict[str, Path]:
-    """report.json, report.md and rouge.png; returns their paths."""
+    """report.json, report.md, rouge.png and the output viewer (viewer.html); returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -142,7 +143,9 @@ def write_report(out_dir: Path, result: dict[str, Any], docs: list[Document], me
     fig.tight_layout()
     fig.savefig(out_dir / "rouge.png", dpi=120)
     plt.close(fig)
-    return {"json": out_dir / "report.json", "md": out_dir / "report.md", "png": out_dir / "rouge.png"}
+    html = write_viewer(out_dir, result, docs, meta)
+    return {"json": out_dir / "report.json", "md": out_dir / "report.md", "png": out_dir / "rouge.png",
+            "html": html}
 
 
 def compared_reports(paths: list[str], split: str) -> dict[str, dict[str, Any]]:
@@ -196,4 +199,6 @@ def score_lines(result: dict, paths: dict) -> list[str]:
         lines.append(f"{pair:16s} R1 {d['diff']:+.2f} [{d['low']:+.2f},{d['high']:+.2f}] "
                      f"{format_p(d['p_value'], d['resamples'])} (paired: {verdict(d['low'], d['high'])})")
     lines.append(f"report: {paths['md']}  chart: {paths['png']}")
+    if "html" in paths:
+        lines.append(f"viewer: {paths['html']}  (open in a browser: sources, picks, copied spans, worst documents first)")
     return lines

@@ -27,6 +27,12 @@ class EncoderHead:
     def registry_alias(self, cfg: Config) -> str | None:
         return cfg.tracking.alias or "finetuned"  # MLflow reserves "latest"
 
+    def write_export_flavors(self, out_dir) -> None:
+        """A head that summarizes is also an MLflow pyfunc model (finetune/serving/flavor.py)."""
+        from hibert.finetune.serving.flavor import write_pyfunc_flavor
+
+        write_pyfunc_flavor(out_dir)
+
     def load_init_encoder(self, model: torch.nn.Module) -> torch.nn.Module:
         """The `run.init` encoder's weights into `model.encoder` (none: random init)."""
         if self.init_state is not None:

@@ -19,8 +19,9 @@ class Summarizer:
         self.encode = TextEncoder(export_dir, meta, stanza_dir)
         self.cfg = self.encode.cfg
 
-    def summarize_all(self, docs: list[tuple[str, str]]) -> list[Summary]:
-        return [self(doc_id, text) for doc_id, text in docs]
+    def summarize_all(self, docs: list[tuple[str, str]], k: int | None = None) -> list[Summary]:
+        """One summary per (id, text); `k`: sentences to extract in this call (default: the loaded k)."""
+        return [self(doc_id, text, k) for doc_id, text in docs]
 
     def __call__(self, doc_id: str, text: str, k: int | None = None) -> Summary:
         k = k or self.k

@@ -45,7 +45,8 @@ class ClusterSummarizer:
                     ids.append(x[a:b])
         return texts, ids, any_ptb
 
-    def summarize_all(self, clusters: list[tuple[str, list[str]]]) -> list[Summary]:
+    def summarize_all(self, clusters: list[tuple[str, list[str]]], generation=None) -> list[Summary]:
+        """One abstract per (id, documents); `generation`: decoding settings for this call (default: loaded)."""
         prepared = [self.units(docs, cid) for cid, docs in clusters]
         todo = [i for i, (t, _, _) in enumerate(prepared) if t]
         chosen = {}
@@ -66,7 +67,7 @@ class ClusterSummarizer:
         graphs = None
         if self.mds.graph_attention:
             graphs = [units_graph(t, c, self.mds) for t, c in zip(batch_texts, batch)]
-        decoded = self.decoder.summarize_ids(batch, graphs=graphs)
+        decoded = self.decoder.summarize_ids(batch, generation, graphs=graphs)
         out = [Summary(cid, [], [], 0, "no sentences found") for cid, _ in clusters]
         for i, d in zip(todo, decoded):
             texts, _, ptb = prepared[i]

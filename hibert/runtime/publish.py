@@ -42,6 +42,7 @@ def publish(trainer, step: int, metrics: dict[str, float]) -> tuple[Path, str | 
                 "mlflow_run_id": trainer.tracker.run_id, "data": trainer.data_settings()}
         write_export(out, encoder, task.model_config(), trainer.train_data.tokenizer_path, meta)
         task.write_export_extras(out, full)
+        task.write_export_flavors(out)
         trainer.tracker.artifacts(out, "export")
         pending = False
         if cfg.tracking.register_model and trainer.tracker.run_id:

@@ -4,8 +4,8 @@ masked-sentence pretraining (pretrain/) and every finetuning head (finetune/) â€
 A task supplies: `build_model`, `make_item` (DataLoader workers: a pure function of its arguments), `loss`
 (forward + additive statistics), `summarize` (statistics -> metrics), `model_config`; optionally
 `evaluate` (validation metrics; default: the loss statistics on the validation split), `param_groups`
-(optimizer groups with their own lr scale and warmup), `registry_name`/`registry_alias` and
-`write_export_extras`. See hibert/runtime/run.py for how a command runs a task."""
+(optimizer groups with their own lr scale and warmup), `registry_name`/`registry_alias`,
+`write_export_extras` and `write_export_flavors`. See hibert/runtime/run.py for how a command runs a task."""
 from __future__ import annotations
 
 import math
@@ -101,6 +101,10 @@ class Task(ABC):
     def write_export_extras(self, out_dir, full_state: dict[str, torch.Tensor]) -> None:
         """Task-specific files next to the encoder export (e.g. a finetuned head), from the full
         fp32 state dict of the trained module."""
+
+    def write_export_flavors(self, out_dir) -> None:
+        """Files that describe the finished export to other tools (a finetuned head's MLflow pyfunc
+        `MLmodel`), written after every weight and settings file is in place."""
 
     def evaluate(self, trainer) -> dict[str, float]:
         """Validation metrics. Default: the task's loss statistics summed over the validation split."""

@@ -1,0 +1,103 @@
+"""The MLflow pyfunc flavor of a finetuned export: an `MLmodel` (signature, params with the model's own
+defaults, an input example) and its environment files, written into the export directory itself, so the one
+registered model version is both a HIBERT export and a pyfunc model. Nothing is pickled: the flavor names
+a loader module (`hibert.finetune.serving.pyfunc`) that reads the safetensors weights and the tokenizer
+already in the directory, which is why the project must be installed where the model is served
+(`mlflow models serve --env-manager local`)."""
+from __future__ import annotations
+
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from hibert.finetune.base.generation import DECODING_FLAGS
+from hibert.finetune.heads import HeadSpec, head_of_export
+
+LOADER_MODULE = "hibert.finetune.serving.pyfunc"
+PACKAGE = "hibert-platform"
+# a short news paragraph: what the served model reads (no corpus text is copied into the model)
+EXAMPLE_TEXT = ("The city council approved a new budget on Tuesday after months of debate. The plan raises "
+                "spending on schools and roads. Opponents said the tax increase would hurt small businesses.")
+
+
+def decoding_params() -> dict[str, tuple[str, str]]:
+    """pyfunc param name (the CLI flag without dashes: beam, min_len, ...) -> (`generation:` field, flag)."""
+    return {dest: (name, flag) for flag, (dest, name) in DECODING_FLAGS.items()}
+
+
+def param_defaults(head: HeadSpec, export_dir: Path) -> dict[str, Any]:
+    """The params a head's pyfunc takes, with the export's own settings as defaults (a request that gives
+    none decodes exactly as `hibert summarize` without flags)."""
+    if head.decodes:
+        from hibert.finetune.abstractive.export import stored_generation
+
+        gen = stored_generation(export_dir).model_dump()
+        return {dest: gen[name] for dest, (name, _) in decoding_params().items()}
+    if head.name == "extractive":
+        from hibert.finetune.base.exports import read_json
+
+        path = Path(export_dir) / "extractive.json"
+        return {"k": int((read_json(path) if path.is_file() else {}).get("top_k", 3))}
+    return {}
+
+
+def signature(head: HeadSpec, export_dir: Path):
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+    from mlflow.types.schema import Array
+
+    if head.reads == "clusters":
+        inputs = Schema([ColSpec(Array("string"), "documents"), ColSpec("string", "id", required=False)])
+    else:
+        inputs = Schema([ColSpec("string", "text"), ColSpec("string", "id", required=False)])
+    outputs = Schema([ColSpec("string", "id"), ColSpec(Array("string"), "summary"),
+                      ColSpec("long", "num_sentences"), ColSpec("string", "note")])
+    params = ParamSchema([ParamSpec(name, "double" if isinstance(v, float) else "long", v)
+                          for name, v in param_defaults(head, export_dir).items()])
+    return ModelSignature(inputs=inputs, outputs=outputs, params=params)
+
+
+def input_example(head: HeadSpec):
+    import pandas as pd
+
+    if head.reads == "clusters":
+        return pd.DataFrame({"id": ["example"], "documents": [[EXAMPLE_TEXT, EXAMPLE_TEXT.split(". ", 1)[1]]]})
+    return pd.DataFrame({"id": ["example"], "text": [EXAMPLE_TEXT]})
+
+
+def _project_version() -> str:
+    try:
+        return version(PACKAGE)
+    except PackageNotFoundError:
+        return "0.1.0"
+
+
+def write_pyfunc_flavor(export_dir: Path) -> bool:
+    """MLmodel + environment files into `export_dir`, for a head that summarizes; False for one that does not
+    (an encoder, a ranker)."""
+    import mlflow
+    import torch
+    from mlflow.models import Model
+    from mlflow.models.utils import _save_example  # the example files MLflow's own save_model writes
+
+    export_dir = Path(export_dir)
+    head = head_of_export(export_dir)
+    if head.summarizer is None:
+        return False
+    requirements = [f"{PACKAGE}>={_project_version()}", f"mlflow>={mlflow.__version__.split('+')[0]}",
+                    f"torch>={torch.__version__.split('+')[0]}"]
+    (export_dir / "requirements.txt").write_text("\n".join(requirements) + "\n")
+    py = ".".join(map(str, sys.version_info[:3]))
+    (export_dir / "python_env.yaml").write_text(
+        f"python: {py}\nbuild_dependencies:\n- pip\ndependencies:\n- -r requirements.txt\n")
+    (export_dir / "conda.yaml").write_text(
+        f"name: hibert-{head.name}\nchannels:\n- conda-forge\ndependencies:\n- python={py}\n- pip\n- pip:\n"
+        + "".join(f"  - {r}\n" for r in requirements))
+    model = Model(signature=signature(head, export_dir),
+                  metadata={"hibert_head": head.name, "hibert_reads": head.reads})
+    mlflow.pyfunc.add_to_model(model, loader_module=LOADER_MODULE, python_env="python_env.yaml",
+                               conda_env="conda.yaml")
+    _save_example(model, input_example(head), str(export_dir))
+    model.save(str(export_dir / "MLmodel"))
+    return True

@@ -1,0 +1,162 @@
+"""The pyfunc loader MLflow imports for a finetuned export (the `loader_module` its MLmodel names):
+`mlflow.pyfunc.load_model("models:/hibert-abstractive@finetuned").predict(df, params={...})` and
+`mlflow models serve` both end here.
+
+Input: a DataFrame with a `text` column (documents heads) or a `documents` column of string lists (a
+multi-document head), and an optional `id` column. Params: the decoding settings under the CLI flags' names
+(beam, min_len, max_len, length_penalty, no_repeat_ngram, max_word_pieces, batch_size) or `k` (extractive),
+checked against the same bounds as the flags. Output: one row per input with `id`, `summary` (its sentences),
+`num_sentences`, `note` (and `indices` for extractive picks, `subwords` for abstracts) — what `hibert
+summarize --json` prints for the same text. Bad input raises MlflowException(INVALID_PARAMETER_VALUE), which
+the scoring server answers with 400 and the message.
+"""
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("hibert.serving")
+
+
+def _bad(message: str):
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+    return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
+
+
+class HibertPyfunc:
+    """One loaded export; `predict` never changes its state (a server may call it from several threads)."""
+
+    def __init__(self, export_dir: str | Path, stanza_dir: str | None = None, device: str | None = None):
+        import torch
+
+        from hibert.config import Config
+        from hibert.finetune.abstractive.export import generation_for_export
+        from hibert.finetune.base.fluency import fluency_note
+        from hibert.finetune.base.settings import SummarizeSettings
+        from hibert.finetune.base.text import max_doc_chars
+        from hibert.finetune.heads import head_of_export
+
+        self.export_dir = Path(export_dir)
+        self.head = head_of_export(self.export_dir)
+        if self.head.summarizer is None:
+            raise _bad(f"a {self.head.name} model does not summarize; it has no pyfunc predict")
+        self.clusters = self.head.reads == "clusters"
+        self.max_chars = max_doc_chars(self.export_dir)
+        cfg = Config()
+        cfg.data.segmenter.stanza_dir = stanza_dir
+        # a learned ranker of an mds model resolves through $MLFLOW_TRACKING_URI into a scratch directory
+        cfg.run.output_dir = tempfile.mkdtemp(prefix="hibert-pyfunc-")
+        settings = SummarizeSettings()
+        generation = generation_for_export(self.export_dir, settings) if self.head.decodes else None
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.summarizer = self.head.summarizer(cfg, self.export_dir, device, generation, settings)
+        note = fluency_note(self.export_dir) if self.head.decodes else None
+        if note:
+            log.warning("%s", note)
+
+    # ---------------------------------------------------------------------------------------------- input
+    def _rows(self, model_input) -> list[tuple[str, Any]]:
+        import numpy as np
+        import pandas as pd
+
+        from hibert.finetune.base.text import InputError, check_length
+
+        df = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
+        column = "documents" if self.clusters else "text"
+        if column not in df.columns:
+            other = "text" if self.clusters else "documents"
+            hint = (f" (a {other!r} column is for a {'documents' if self.clusters else 'multi-document'} model)"
+                    if other in df.columns else "")
+            raise _bad(f"input has no {column!r} column (columns: {', '.join(map(str, df.columns)) or 'none'})"
+                       f"{hint}")
+        ids = df["id"].tolist() if "id" in df.columns else [None] * len(df)
+        rows = []
+        for n, (doc_id, value) in enumerate(zip(ids, df[column].tolist()), 1):
+            name = str(doc_id) if doc_id is not None and doc_id == doc_id else str(n)
+            where = f"row {n} (id {name})"
+            if self.clusters:
+                docs = list(value) if isinstance(value, (list, tuple, np.ndarray)) else None
+                if not docs or not all(isinstance(d, str) for d in docs):
+                    raise _bad(f"{where}: 'documents' must be a non-empty list of strings")
+                if not any(d.strip() for d in docs):
+                    raise _bad(f"{where}: every document of the cluster is empty, nothing to summarize")
+                body: Any = docs
+            else:
+                if not isinstance(value, str):
+                    raise _bad(f"{where}: 'text' must be a string, not {type(value).__name__}")
+                if not value.strip():
+                    raise _bad(f"{where}: 'text' is empty, nothing to summarize")
+                body = value
+            try:
+                for k, text in enumerate(body if self.clusters else [body]):
+                    check_length(text, f"{where} (document {k + 1})" if self.clusters else where, self.max_chars)
+            except InputError as e:
+                raise _bad(str(e)) from None
+            rows.append((name, body))
+        return rows
+
+    def _overrides(self, params: dict[str, Any] | None) -> dict[str, Any]:
+        """params -> the summarizer's per-call settings (`generation` or `k`), checked like the CLI flags."""
+        from hibert.finetune.abstractive.export import generation_for_export
+        from hibert.finetune.base.generation import DecodingFlagError
+        from hibert.finetune.base.settings import DecodingFlags
+        from hibert.finetune.serving.flavor import decoding_params
+
+        params = dict(params or {})
+        if self.head.decodes:
+            names = decoding_params()
+            unknown = sorted(set(params) - set(names))
+            if unknown:
+                raise _bad(f"unknown params {unknown}: this model takes {sorted(names)}")
+            flags = DecodingFlags({names[k][0]: v for k, v in params.items() if v is not None})
+            try:
+                return {"generation": generation_for_export(self.export_dir, flags)}
+            except DecodingFlagError as e:
+                message = str(e)
+                for dest, (_, flag) in sorted(names.items(), key=lambda kv: -len(kv[1][1])):
+                    message = message.replace(flag, f"params.{dest}")
+                raise _bad(message) from None
+        if "k" in params and params["k"] is not None:
+            extra = sorted(set(params) - {"k"})
+            if extra:
+                raise _bad(f"unknown params {extra}: this model takes ['k']")
+            if int(params["k"]) < 1:
+                raise _bad(f"params.k {params['k']}: must be >= 1")
+            return {"k": int(params["k"])}
+        if params:
+            raise _bad(f"unknown params {sorted(params)}: this model takes none")
+        return {}
+
+    # ---------------------------------------------------------------------------------------------- predict
+    def predict(self, model_input, params: dict[str, Any] | None = None):
+        import pandas as pd
+
+        from hibert.finetune.base.text import InputError
+
+        rows = self._rows(model_input)
+        overrides = self._overrides(params)
+        try:
+            summaries = self.summarizer.summarize_all(rows, **overrides) if rows else []
+        except InputError as e:
+            raise _bad(str(e)) from None
+        out = []
+        for s in summaries:
+            row = {"id": s.doc_id, "summary": list(s.sentences), "num_sentences": int(s.num_sentences),
+                   "note": s.note}
+            if not self.clusters:
+                row["indices"] = [int(i) for i in s.indices]
+            if s.subwords is not None:
+                row["subwords"] = int(s.subwords)
+            out.append(row)
+        return pd.DataFrame(out, columns=["id", "summary", "num_sentences", "note"] if not out else None)
+
+
+def _load_pyfunc(data_path: str, model_config: dict[str, Any] | None = None) -> HibertPyfunc:
+    """MLflow's entry point: `data_path` is the model directory (the export). `model_config` may set
+    `stanza_dir` (a neural segmenter's models) and `device`."""
+    model_config = model_config or {}
+    return HibertPyfunc(data_path, model_config.get("stanza_dir"), model_config.get("device"))

@@ -1,0 +1,75 @@
+"""`mlflow models serve` of a registered model for the serving tests: started on a free loopback port in its own
+process group, waited for, stopped (the whole group) at the end."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+MLFLOW = [sys.executable, "-m", "mlflow"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def served(model_uri: str, tracking_uri: str, log: Path, timeout: float = 180):
+    """Yields the server's base URL once /ping answers 200."""
+    port = free_port()
+    # the server execs `uvicorn` by name: the venv's bin first on PATH, as an activated venv has it
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen([*MLFLOW, "models", "serve", "-m", model_uri, "--env-manager", "local",
+                                 "-h", "127.0.0.1", "-p", str(port), "-w", "1"], stdout=out,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"mlflow models serve exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/ping", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if time.time() > deadline:
+                raise AssertionError(f"mlflow models serve did not answer in {timeout} s:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=20)
+
+
+def invoke(url: str, payload: dict | bytes, content_type: str = "application/json") -> tuple[int, dict | str]:
+    """POST /invocations: (status, parsed JSON body or raw text)."""
+    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    req = urllib.request.Request(f"{url}/invocations", data=body, headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            status, raw = r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read().decode()
+    try:
+        return status, json.loads(raw)
+    except json.JSONDecodeError:
+        return status, raw
