@@ -215,6 +215,21 @@ def add_summarize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=positive_int, default=None, help="sentences to extract (default: the model's)")
     p.add_argument("--limit", type=positive_int, default=None, help="summarize at most N documents of a JSONL input")
     p.add_argument("--json", action="store_true", help="print one JSON object per document")
+    c = p.add_argument_group("a whole corpus (--output): streamed, resumable, one line per input record, in order")
+    c.add_argument("--output", "-o", default=None, help="write JSON lines here instead of printing: a .jsonl file "
+                   "or a datasets save_to_disk directory as --input; rerun the same command to resume")
+    c.add_argument("--nproc", type=positive_int, default=1, help="split the corpus over N local processes "
+                   "(one GPU each where there are GPUs); one merged output")
+    c.add_argument("--shard", default=None, metavar="I/N", help="summarize only shard I of N (a Slurm array task: "
+                   "\"$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT\"); then --merge --shards N")
+    c.add_argument("--merge", action="store_true", help="merge the N finished shards (--shards N) into --output")
+    c.add_argument("--shards", type=positive_int, default=None, help="with --merge: how many shards there are")
+    c.add_argument("--id-field", default=None, help="record field holding the document id (default: 'id' if "
+                   "present, else FILE:LINE)")
+    c.add_argument("--split", default=None, help="datasets input: the split of a saved DatasetDict (default test)")
+    c.add_argument("--window", type=positive_int, default=64, help="records read, decoded (batched by length) and "
+                   "written together")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_generation_arguments(p)
 
 
@@ -248,6 +263,15 @@ def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
         check_generation_flags(settings)
     except DecodingFlagError as e:
         print(f"hibert summarize: {e}", file=sys.stderr)
+        return 2
+    corpus_flags = [f for f, v in (("--nproc", args.nproc != 1), ("--shard", args.shard), ("--merge", args.merge),
+                                   ("--shards", args.shards)) if v]
+    if args.output:
+        from hibert.finetune.corpus_cli import run_summarize_corpus
+
+        return run_summarize_corpus(cfg, args, settings)
+    if corpus_flags:
+        print(f"hibert summarize: {', '.join(corpus_flags)} summarize a corpus into a file: add --output", file=sys.stderr)
         return 2
     ref = _model_ref(cfg, args.model)
     sources = args.input or ["-"]

@@ -1,0 +1,124 @@
+"""Corpus-scale `hibert summarize --output`: documents/s with 1 and 2 local processes on the shipped sample, and
+peak memory at 1x and 10x the input size (memory must stay flat in the corpus size: input is streamed).
+
+The corpus is every CNN/DM article shipped in samples/ (train + valid + test: 250 articles) as JSONL with ids;
+10x is the same articles repeated ten times under new ids. Each configuration runs the real command in a fresh
+process (model load and process start included, as a user sees it; the table also gives the rate without the
+first window's start-up). Peak memory is the largest resident set of any process of the run (the parent and,
+with --nproc, every shard process): ru_maxrss of the children of a wrapper process made for that run alone.
+
+The model: --model (an export directory), else a tiny abstractive model trained here for a few steps on the
+sample (random init; a scratch directory): only its size and decoding settings matter for speed.
+
+    python benchmarks/bench_summarize.py                         # CPU: 1 vs 2 processes, 1x vs 10x memory
+    python benchmarks/bench_summarize.py --model runs/demo/finetune-abs/export --beam 4
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from workload import machine  # noqa: E402
+
+HIBERT = [sys.executable, "-m", "hibert.cli"]
+SAMPLES = [REPO / "samples" / f"cnndm_{s}_sample.jsonl" for s in ("train", "val", "test")]
+TARGETS = {"two_process_speedup_min": 1.5, "memory_10x_over_1x_max": 1.2}
+
+# a wrapper that runs one command and reports the largest RSS of any process it waited for (KiB on Linux)
+WRAP = ("import resource, subprocess, sys, time; t = time.time(); rc = subprocess.call(sys.argv[1:]); "
+        "print('BENCH', rc, time.time() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    out = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(map(str, cmd))} exited {out.returncode}:\n{out.stderr[-3000:]}")
+    return out
+
+
+def tiny_model(scratch: Path) -> Path:
+    """A 4-step abstractive model on the CNN/DM sample (random init), in `scratch`."""
+    cnn = ("format: jsonl, text_field: article, summary_field: highlights, id_field: idx, "
+           "summary_sentence_sep: ' . ', ptb_tokenized: true")
+    data = scratch / "data"
+    run([*HIBERT, "prep", "data.tokenizer.vocab_size=2000", f"data.output={data}", "data.valid_fraction=0",
+         "data.test_fraction=0", f"data.sources=[{{{cnn}, path: '{SAMPLES[0]}', split: train}}, "
+         f"{{{cnn}, path: '{SAMPLES[1]}', split: valid}}]"], timeout=1200)
+    over = {"model": "hibert_tiny", "run.output_dir": scratch, "run.name": "abs", "data.dataset": data,
+            "finetune.task": "abstractive", "decoder.layers": 2, "schedule.max_steps": 4, "schedule.eval_every": 0,
+            "finetune.eval_decode_docs": 2, "tracking.register_model": False, "generation.max_length": 40,
+            "generation.beam_size": 4, "deepspeed.zero_stage": 0, "schedule.batch_tokens": 3000}
+    run([*HIBERT, "finetune", *[f"{k}={v}" for k, v in over.items()], "--init", "random"], timeout=1200)
+    return scratch / "abs" / "export"
+
+
+def corpus(path: Path, repeat: int) -> int:
+    n = 0
+    with open(path, "w") as out:
+        for r in range(repeat):
+            for src in SAMPLES:
+                for line in src.read_text().splitlines():
+                    rec = json.loads(line)
+                    out.write(json.dumps({"id": f"{rec['idx']}-{r}", "text": rec["article"]}) + "\n")
+                    n += 1
+    return n
+
+
+def measure(model: Path, corpus_path: Path, out: Path, nproc: int, extra: list[str]) -> dict:
+    cmd = [sys.executable, "-c", WRAP, *HIBERT, "summarize", "--model", model, "--input", corpus_path,
+           "--output", out, "--nproc", nproc, "--no-progress", *extra]
+    res = run(cmd, timeout=7200)
+    line = next(x for x in res.stdout.splitlines() if x.startswith("BENCH"))
+    _, rc, seconds, rss_kib = line.split()
+    stats = json.loads(out.with_name(out.name + ".stats.json").read_text())
+    return {"nproc": nproc, "records": stats["records_in"], "summarized": stats["summarized"],
+            "seconds": float(seconds), "docs_per_s": stats["summarized"] / float(seconds),
+            "peak_rss_mb": int(rss_kib) / 1024}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, default=None, help="an export directory (default: a tiny model trained here)")
+    p.add_argument("--beam", type=int, default=None, help="--beam for summarize (default: the model's)")
+    p.add_argument("--repeat", type=int, default=10, help="the memory run's corpus is this many copies")
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "bench_summarize_cpu.json")
+    args = p.parse_args()
+    extra = ["--beam", str(args.beam)] if args.beam else []
+    with tempfile.TemporaryDirectory(prefix="bench-summarize-") as tmp:
+        scratch = Path(tmp)
+        model = args.model or tiny_model(scratch)
+        one = scratch / "corpus_1x.jsonl"
+        many = scratch / f"corpus_{args.repeat}x.jsonl"
+        n1, nx = corpus(one, 1), corpus(many, args.repeat)
+        rows = {"1 process, 1x": measure(model, one, scratch / "o1.jsonl", 1, extra),
+                "2 processes, 1x": measure(model, one, scratch / "o2.jsonl", 2, extra),
+                f"1 process, {args.repeat}x": measure(model, many, scratch / "o3.jsonl", 1, extra)}
+        same = (scratch / "o1.jsonl").read_bytes() == (scratch / "o2.jsonl").read_bytes()
+    speedup = rows["2 processes, 1x"]["docs_per_s"] / rows["1 process, 1x"]["docs_per_s"]
+    mem_ratio = rows[f"1 process, {args.repeat}x"]["peak_rss_mb"] / rows["1 process, 1x"]["peak_rss_mb"]
+    print(f"{'run':<18} {'records':>8} {'seconds':>8} {'docs/s':>8} {'peak RSS MB':>12}")
+    for name, r in rows.items():
+        print(f"{name:<18} {r['records']:>8} {r['seconds']:>8.1f} {r['docs_per_s']:>8.1f} {r['peak_rss_mb']:>12.0f}")
+    print(f"2 processes / 1: {speedup:.2f}x docs/s (target >= {TARGETS['two_process_speedup_min']}); "
+          f"peak RSS {args.repeat}x / 1x: {mem_ratio:.2f} (target <= {TARGETS['memory_10x_over_1x_max']}); "
+          f"2-process output byte-identical to 1-process: {same}")
+    result = {"machine": machine(), "model": str(args.model or "tiny abstractive trained 4 steps (random init)"),
+              "corpus_records_1x": n1, "corpus_records_many": nx, "runs": rows, "two_process_speedup": speedup,
+              "memory_ratio": mem_ratio, "outputs_identical": same, "targets": TARGETS,
+              "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
