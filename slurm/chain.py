@@ -100,6 +100,7 @@ class StageInput:
 class Link:
     """What the chain does to one stage's command line."""
     overrides: list[str] = field(default_factory=list)  # appended last: tracking.alias / run.init
+    args: list[str] = field(default_factory=list)       # appended to the flags: --model (summarize stages)
     registers: str | None = None      # "name@alias" the stage will register
     reads: str | None = None          # the run.init it reads after rewriting (models:/...)
     reads_from: str | None = None     # the stage of this chain that writes it
@@ -110,6 +111,35 @@ class Link:
 
 # Commands that write (or, evaluate, read) <output_dir>/<run.name>: each chain gets its own.
 RUN_DIRS = ("pretrain", "finetune", "evaluate")
+SUMMARIZE = ("summarize",)   # reads the model its --model flag names (the chain rewrites it as it does run.init)
+
+
+def model_arg(args: Sequence[str]) -> str | None:
+    """The last --model value of a stage's flags (argparse keeps the last)."""
+    value = None
+    for i, a in enumerate(args):
+        if a == "--model" and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith("--model="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def read_ref(st: SlurmStage, cfg: Config) -> str | None:
+    """The model reference a stage reads: run.init (training), --model (summarize)."""
+    if st.command in TRAINING:
+        return cfg.run.init
+    if st.command in SUMMARIZE:
+        return model_arg(st.args)
+    return None
+
+
+def set_reads(st: SlurmStage, ln: "Link") -> None:
+    """Point the stage at `ln.reads`: run.init for training, --model for summarize."""
+    if st.command in SUMMARIZE:
+        ln.args = ["--model", ln.reads]
+    else:
+        ln.overrides.append(f"run.init={ln.reads}")
 
 
 def dependency_closure(stages: Sequence[SlurmStage]) -> dict[str, set[str]]:
@@ -156,19 +186,20 @@ def link(inputs: Sequence[StageInput], chain_id: str, selected: set[str], contin
         st, cfg = inp.stage, inp.cfg
         uri = store_uri(cfg)
         ln = Link()
-        ref = parse_models_ref(cfg.run.init) if st.command in TRAINING else None
+        init = read_ref(st, cfg)
+        ref = parse_models_ref(init) if init else None
         if ref is not None and st.name in selected:
             name, alias, version = ref
-            ln.original_init = cfg.run.init
+            ln.original_init = init
             writer = writers.get((uri, name, alias)) if alias else None
             if writer is None:                      # not this chain's: pin (a number needs nothing)
                 if alias or version == "latest":
                     ln.pin = (uri, name, alias or "latest")
-                ln.reads = cfg.run.init
+                ln.reads = init
             else:
                 ln.reads = f"models:/{name}@{chain_alias(alias, chain_id)}"
                 ln.reads_from = writer
-                ln.overrides.append(f"run.init={ln.reads}")
+                set_reads(st, ln)
                 if writer in selected:
                     if writer not in closure[st.name]:
                         raise ChainError(f"stage {st.name} reads models:/{name}@{alias}, which stage {writer} "

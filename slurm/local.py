@@ -37,7 +37,7 @@ from hibert.registry import DEFAULT_DB, client, tracking_uri
 from hibert.slurm.chain import TRAINING, ChainError, StageInput, dependency_closure, link, new_chain_id, store_uri
 from hibert.slurm.stages import default_pipeline, expand_seeds, find_recipe
 
-LOCAL_SKIP = {"prep-merge"}    # a local `hibert prep` (no --num-shards) already merges
+LOCAL_SKIP = {"prep-merge", "summarize-merge"}    # a local prep / summarize (no shards) already merges
 
 
 def stage_key(argv: list[str]) -> str:
@@ -45,7 +45,7 @@ def stage_key(argv: list[str]) -> str:
 
 
 def chain_overrides(root: Path, recipe: Path, pipeline: list, extra: list[str],
-                    run_name: str) -> dict[str, list[str]]:
+                    run_name: str) -> dict[str, tuple[list[str], list[str]]]:
     """Per stage, the overrides that make the hand-offs per-chain; none while every training stage logs to
     the demo's own store."""
     inputs = [StageInput(st, load_config(recipe if st.recipe is None else st.recipe, [*extra, *st.overrides]))
@@ -65,7 +65,7 @@ def chain_overrides(root: Path, recipe: Path, pipeline: list, extra: list[str],
         links = link(inputs, chain_id, {st.name for st in pipeline}, continuing=False)
     except ChainError as e:
         raise UserError(f"[demo] {e}") from None
-    return {name: ln.overrides for name, ln in links.items()}
+    return {name: (ln.overrides, ln.args) for name, ln in links.items()}
 
 
 def run_stages(cfg: Config, recipe: Path, nproc: int, fresh: bool, extra: list[str],
@@ -93,9 +93,10 @@ def run_stages(cfg: Config, recipe: Path, nproc: int, fresh: bool, extra: list[s
         if st.command in LOCAL_SKIP or (wanted is not None and st.name not in wanted):
             continue
         stage_recipe = recipe if st.recipe is None else st.recipe
+        chain_over, chain_args = chain.get(st.name, ([], []))
         argv = [sys.executable, "-m", "hibert.cli", st.command, str(stage_recipe), *extra, *st.overrides,
-                *chain.get(st.name, [])]
-        if st.command in ("pretrain", "finetune") and nproc > 1:
+                *chain_over, *st.args, *chain_args]
+        if st.command in ("pretrain", "finetune", "summarize") and nproc > 1:
             argv += ["--nproc", str(nproc)]
         marker = root / ".stages" / f"{st.name}.json"
         log = root / "logs" / f"{st.name}.log"
@@ -285,6 +286,23 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
 
+def serve_lines(exports: list[Path], uri: str) -> list[str]:
+    """How to serve the newest registered export of each head that decodes (its pyfunc flavor)."""
+    lines = []
+    for kind, head in registered_heads().items():
+        mine = [e for e in exports if head_of_export(e).name == kind and (e / "MLmodel").is_file()]
+        if not head.decodes or not mine:
+            continue
+        try:
+            version = json.loads((mine[-1] / "registry.json").read_text()).get("version")
+        except (OSError, ValueError):
+            version = None
+        ref = f"models:/{head.registered_model}/{version}" if version else str(mine[-1].resolve())
+        lines.append(f"  serve:        . .venv/bin/activate && MLFLOW_TRACKING_URI={redact_uri(uri)} mlflow models serve -m {ref} "
+                     "--env-manager local -p 5001   (then POST /invocations: README, Serving)")
+    return lines
+
+
 def _run(args: argparse.Namespace) -> int:
     if "=" in args.recipe:  # `hibert demo key=value`: an override, not a recipe
         args.overrides, args.recipe = [args.recipe, *args.overrides], "demo"
@@ -330,10 +348,15 @@ def _run(args: argparse.Namespace) -> int:
     print("\n== where to look ==")
     for r in reports:
         print(f"  report:       {r.with_suffix('.md')}  (chart: {r.parent / 'rouge.png'})")
+        if (r.parent / "viewer.html").is_file():
+            print(f"  viewer:       {r.parent / 'viewer.html'}  (open in a browser: sources, picks, copied spans; "
+                  "#worst sorts worst first)")
     if curves:
         print(f"  loss curves:  {curves}")
 
     uri = tracking_uri(cfg.tracking.uri, root, create=False)
+    for line in serve_lines(finetuned, uri):
+        print(line)
     if uri != f"sqlite:///{(root / 'mlflow.db').resolve()}":  # a shared store: the chain's aliases are there
         print(f"  registry:     {redact_uri(uri)}  (hibert registry list)")
         return 0

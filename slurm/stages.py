@@ -30,6 +30,7 @@ from hibert.slurm.chain import (
     new_chain_id,
     resolve_version,
     selected_after,
+    set_reads,
 )
 from hibert.slurm.render import JobSpec, Raw
 
@@ -40,6 +41,8 @@ COMMAND_RESOURCES: dict[str, dict[str, Any]] = {
     "pretrain": {},
     "finetune": {},
     "evaluate": {"nodes": 1, "ntasks_per_node": 1},
+    "summarize": {"nodes": 1, "ntasks_per_node": 1},           # one array task per shard, a GPU each if any
+    "summarize-merge": {"nodes": 1, "gpus_per_node": 0, "ntasks_per_node": 1},
 }
 
 
@@ -133,7 +136,7 @@ def expand_seeds(stages: list[SlurmStage], seeds: list[int], run_name: str) -> l
 def stage_resources(slurm: SlurmConfig, stage: SlurmStage) -> SlurmResources:
     base = slurm.model_dump(include=set(SlurmResources.model_fields))
     merged = {**base, **COMMAND_RESOURCES[stage.command], **stage.resources}
-    if stage.command == "evaluate" and "gpus_per_node" not in stage.resources:
+    if stage.command in ("evaluate", "summarize") and "gpus_per_node" not in stage.resources:
         merged["gpus_per_node"] = min(1, slurm.gpus_per_node)
     return SlurmResources.model_validate(merged)
 
@@ -153,14 +156,23 @@ def cli_words(slurm: SlurmConfig) -> list[str]:
     return shlex.split(slurm.cli) if slurm.cli else [sys.executable, "-m", "hibert.cli"]
 
 
+def subcommand(command: str) -> str:
+    """The `hibert` subcommand a stage's command runs (the merge stages are their command with --merge)."""
+    return command.removesuffix("-merge")
+
+
 def stage_command(cli: list[str], stage: SlurmStage, recipe: Path | None, overrides: list[str],
-                  shards: int) -> list[str]:
-    sub = "prep" if stage.command == "prep-merge" else stage.command
-    words = [*cli, sub, *([str(recipe)] if recipe else []), *overrides]
+                  shards: int, args: list[str] | None = None) -> list[str]:
+    words = [*cli, subcommand(stage.command), *([str(recipe)] if recipe else []), *overrides,
+             *stage.args, *(args or [])]
     if stage.command == "prep":
         words += ["--num-shards", str(shards), "--shard-index", Raw('"$SLURM_ARRAY_TASK_ID"')]
     elif stage.command == "prep-merge":
         words += ["--merge", "--num-shards", str(shards)]
+    elif stage.command == "summarize":  # output appended window by window; a requeued task resumes its part
+        words += ["--no-progress", "--shard", Raw(f'"$SLURM_ARRAY_TASK_ID/{shards}"')]
+    elif stage.command == "summarize-merge":
+        words += ["--merge", "--shards", str(shards)]
     return words
 
 
@@ -222,22 +234,25 @@ def plan(cfg: Config, recipe: str | None, user_overrides: list[str], out_dir: Pa
                 raise ChainError(f"stage {stage.name}: {e}{hint}") from None
             ln.pinned_from = f"models:/{name}@{alias}" if alias != "latest" else f"models:/{name}/latest"
             ln.reads = f"models:/{name}/{version}"
-            ln.overrides.append(f"run.init={ln.reads}")
+            set_reads(stage, ln)
         stage_cfg = load_config(path, [*overrides, *ln.overrides])
         check_summaries(stage, stage_cfg)
         # the job does not read the recipe's pipeline, and its run.init strings would only mislead
         stage_cfg = stage_cfg.model_copy(update={"slurm": stage_cfg.slurm.model_copy(update={"pipeline": []})})
-        shards = slurm.prep_shards or stage_cfg.data.num_shards or 1
+        if stage.command.startswith("summarize"):
+            shards = slurm.summarize_shards
+        else:
+            shards = slurm.prep_shards or stage_cfg.data.num_shards or 1
         res = stage_resources(slurm, stage)
         array = None
-        if stage.command == "prep":
+        if stage.command in ("prep", "summarize"):
             array = f"0-{shards - 1}" + (f"%{slurm.array_parallelism}" if slurm.array_parallelism else "")
         snapshot = snapshot_path(snapshot_dir, stage.name)
-        source = ["hibert", "prep" if stage.command == "prep-merge" else stage.command,
-                  *([str(path)] if path else []), *overrides, *(["--merge"] if stage.command == "prep-merge" else [])]
+        source = ["hibert", subcommand(stage.command), *([str(path)] if path else []), *overrides, *stage.args,
+                  *ln.args, *(["--merge"] if stage.command.endswith("-merge") else [])]
         spec = JobSpec(
             name=f"{cfg.run.name}-{stage.name}",
-            command=stage_command(cli, stage, snapshot, [], shards),
+            command=stage_command(cli, stage, snapshot, [], shards, ln.args),
             resources=res, log_dir=out_dir, workdir=workdir, array=array,
             description=redact_uri(f"stage {stage.name} of chain {chain_id}: {shlex.join(source)}"))
         jobs.append(PlannedJob(stage, spec, after[stage.name], stage_cfg, snapshot, source, ln))

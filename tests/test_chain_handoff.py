@@ -296,12 +296,12 @@ def test_local_demo_uses_a_chain_only_with_a_shared_store(env, monkeypatch):
     shared = chain_overrides(root, demo, cfg.slurm.pipeline, [f"run.output_dir={root}"], "demo")
     cid = json.loads((root / ".stages" / "chain.json").read_text())["chain_id"]
     # the chain reads its own alias; the plain one is moved too, for people
-    assert shared["pretrain-open"] == [f"tracking.alias=open-domain-{cid}", "tracking.also_aliases=[open-domain]",
+    assert shared["pretrain-open"][0] == [f"tracking.alias=open-domain-{cid}", "tracking.also_aliases=[open-domain]",
                                        f"run.name=pretrain-open-{cid}"]
-    assert shared["pretrain-in"] == [f"tracking.alias=in-domain-{cid}", "tracking.also_aliases=[in-domain]",
+    assert shared["pretrain-in"][0] == [f"tracking.alias=in-domain-{cid}", "tracking.also_aliases=[in-domain]",
                                      f"run.init=models:/hibert-encoder@open-domain-{cid}", f"run.name=pretrain-in-{cid}"]
-    assert shared["finetune"] == [f"tracking.alias=finetuned-{cid}", "tracking.also_aliases=[finetuned]",
+    assert shared["finetune"][0] == [f"tracking.alias=finetuned-{cid}", "tracking.also_aliases=[finetuned]",
                                   f"run.init=models:/hibert-encoder@in-domain-{cid}", f"run.name=finetune-{cid}"]
-    assert shared["finetune-random"] == [f"run.name=finetune-random-{cid}"]  # registers nothing
+    assert shared["finetune-random"][0] == [f"run.name=finetune-random-{cid}"]  # registers nothing
     # a rerun keeps the chain id, so finished stages keep their argv and are reused
     assert chain_overrides(root, demo, cfg.slurm.pipeline, [f"run.output_dir={root}"], "demo") == shared

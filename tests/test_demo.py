@@ -33,6 +33,9 @@ def test_demo_pipeline_runs_every_stage_and_reuses_them(tmp_path, repo):
     assert abstract["meta"]["task"] == "abstractive" and "abstractiveness" in abstract
     # four steps of training cannot write: the demo says so instead of printing repeated pieces as a summary
     assert "(not shown) this model's decoder cannot write yet" in out.stdout
+    # where the output viewer is, and how to serve the registered abstractive model
+    assert f"viewer:       {tmp_path / 'finetune-abs' / 'report-test' / 'viewer.html'}" in out.stdout
+    assert "mlflow models serve -m models:/hibert-abstractive/1 --env-manager local" in out.stdout
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=repo)
     assert again.returncode == 0 and again.stdout.count("reused") >= 12
     # --seeds: the extractive stage twice more (seeds 1, 2), its evaluation per seed; the encoders are reused

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import HIBERT, run_hibert, tiny_train_overrides
+from slurm_helpers import slurm_cluster  # noqa: F401  (fixture)
 from test_pretrain_deepspeed import metric_history
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -330,3 +331,40 @@ def test_summarize_a_corpus_streams_resumes_after_kill9_and_splits_over_processe
                timeout=300)
     want = [(r["id"], r["summary"]) for r in recs if "skipped" not in r]
     assert [(r["id"], r["summary"]) for r in map(json.loads, from_ds.read_text().splitlines())] == want
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(400)
+def test_summarize_a_corpus_as_a_slurm_array_then_merge(finetuned, slurm_cluster, tmp_path):  # noqa: F811
+    """`hibert submit` of a summarize stage (a 2-task array, one shard per node of the local cluster) and its
+    summarize-merge stage: the merged output is byte-identical to a one-process run."""
+    import yaml
+
+    from conftest import REPO
+    from hibert.cli import main
+
+    root, over = finetuned
+    rows = [json.loads(line) for line in (REPO / "samples" / "cnndm_test_sample.jsonl").read_text().splitlines()[:9]]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"t{i}", "text": r["article"]}) + "\n" for i, r in enumerate(rows))
+                      + "{cut\n")
+    export = root / "ft" / "export"
+    flags = ["--model", str(export), "--input", str(corpus), "--k", "2"]
+    ref = tmp_path / "ref.jsonl"
+    run_hibert(["summarize", *over, *flags, "--output", ref, "--no-progress"], timeout=300)
+    out = tmp_path / "out.jsonl"
+    recipe = tmp_path / "corpus.yaml"
+    recipe.write_text(yaml.safe_dump({"run": {"name": "corp", "output_dir": str(tmp_path / "runs")},
+                                      "model": "hibert_tiny", "slurm": {
+        "gpus_per_node": 0, "ntasks_per_node": 1, "cpus_per_task": 1, "time": "00:05:00", "summarize_shards": 2,
+        "pipeline": [{"name": "sum", "command": "summarize", "args": [*flags, "--output", str(out)]},
+                     {"name": "sum-merge", "command": "summarize-merge",
+                      "args": ["--input", str(corpus), "--output", str(out)]}]}}))
+    assert main(["submit", str(recipe), "--out-dir", str(tmp_path / "slurm")]) == 0
+    ids = json.loads((tmp_path / "slurm" / "jobs.json").read_text())["jobs"]
+    slurm_cluster.track(list(ids.values()))
+    slurm_cluster.wait_done(ids["sum-merge"], timeout=300)
+    assert set(slurm_cluster.states(ids["sum"])) == {"COMPLETED"}, slurm_cluster.show(ids["sum"])
+    assert set(slurm_cluster.states(ids["sum-merge"])) == {"COMPLETED"}
+    assert out.read_bytes() == ref.read_bytes()
+    assert json.loads((tmp_path / "out.jsonl.stats.json").read_text())["skipped"] == {"invalid JSON": 1}

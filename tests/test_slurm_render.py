@@ -338,3 +338,32 @@ def test_seeds_repeat_finetune_and_evaluate_stages():
         expand_seeds(stages, [1, 1], "demo")
     cfg = load_config("demo", ["slurm.seeds=[1,2,3]"])
     assert cfg.slurm.seeds == [1, 2, 3]
+
+
+def test_summarize_stages_are_an_array_then_a_merge_reading_the_chains_model(tmp_path):
+    """A finetune -> summarize (array of slurm.summarize_shards tasks, --shard I/N) -> summarize-merge chain: the
+    summarize stage's --model names the alias the finetune stage registers, which the chain rewrites to its own."""
+    recipe = {"run": {"name": "corp"}, "model": "hibert_tiny", "slurm": {
+        "gpus_per_node": 4, "summarize_shards": 3, "array_parallelism": 2, "pipeline": [
+            {"name": "ft", "command": "finetune"},
+            {"name": "sum", "command": "summarize", "args": [
+                "--model", "models:/hibert-extractive@finetuned", "--input", "/data/news.jsonl",
+                "--output", "/data/news.summaries.jsonl", "--k", "3"]},
+            {"name": "sum-merge", "command": "summarize-merge", "args": [
+                "--input", "/data/news.jsonl", "--output", "/data/news.summaries.jsonl"]}]}}
+    path = tmp_path / "corp.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    chain = plan(load_config(path, []), str(path), [], tmp_path, tmp_path, pin=False)
+    jobs = {j.stage.name: j for j in chain.jobs}
+    words = [str(w) for w in jobs["sum"].spec.command]
+    assert jobs["sum"].spec.array == "0-2%2" and jobs["sum"].spec.resources.gpus_per_node == 1
+    assert words[words.index("--model", words.index("--k")) + 1] == f"models:/hibert-extractive@finetuned-{chain.id}"
+    assert words[-2:] == ["--shard", '"$SLURM_ARRAY_TASK_ID/3"'] and words[3] == "summarize"
+    assert jobs["sum"].after == ["ft"] and jobs["sum-merge"].after == ["sum"]
+    merge = [str(w) for w in jobs["sum-merge"].spec.command]
+    assert merge[-3:] == ["--merge", "--shards", "3"] and jobs["sum-merge"].spec.array is None
+    assert jobs["sum-merge"].spec.resources.gpus_per_node == 0
+    bad = {**recipe, "slurm": {"pipeline": [{"name": "s", "command": "summarize", "args": ["--input", "x.jsonl"]}]}}
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(ConfigError, match="args need --output"):
+        load_config(path, [])

@@ -95,14 +95,26 @@ class SlurmStage(Section):
     """One job of the chain `hibert submit` sends. Stages run in list order, each after the previous
     one succeeded (afterok), unless `after` names others ([] = no dependency)."""
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # job name suffix; `--stages` picks by it
-    command: Literal["prep", "prep-merge", "pretrain", "finetune", "evaluate"]
+    command: Literal["prep", "prep-merge", "pretrain", "finetune", "evaluate", "summarize", "summarize-merge"]
     recipe: str | None = None              # another recipe for this stage (name or path); None = the submitted one
     overrides: list[str] = Field(default_factory=list)   # dotted overrides on the stage's command line
+    # flags after the overrides; summarize stages: --model, --input, --output (and --field, --beam, ...)
+    args: list[str] = Field(default_factory=list)
     resources: dict[str, Any] = Field(default_factory=dict)  # SlurmResources fields for this stage only
     after: list[str] | None = None
 
     @model_validator(mode="after")
     def _check_resources(self) -> "SlurmStage":
+        if self.command in ("summarize", "summarize-merge"):
+            given = {a.split("=", 1)[0] for a in self.args if a.startswith("--")}
+            missing = [f for f in ("--input", "--output") if f not in given]
+            if missing:
+                raise ValueError(f"stage {self.name!r} ({self.command}): args need {' and '.join(missing)} "
+                                 "(the corpus to summarize and the JSONL file to write)")
+            shard_flags = given & {"--shard", "--shards", "--merge", "--nproc"}
+            if shard_flags:
+                raise ValueError(f"stage {self.name!r}: {', '.join(sorted(shard_flags))} in args: the chain sets "
+                                 "them (slurm.summarize_shards array tasks, then a summarize-merge stage)")
         try:  # unknown keys and bad types fail at load time, not at submit time
             SlurmResources.model_validate(self.resources)
         except ValidationError as e:
@@ -115,6 +127,7 @@ class SlurmStage(Section):
 class SlurmConfig(SlurmResources):
     array_parallelism: int | None = Field(None, ge=1)  # %N on prep job arrays
     prep_shards: int | None = Field(None, ge=1)  # prep job-array size (task i: --shard-index i); None: data.num_shards or 1
+    summarize_shards: int = Field(1, ge=1)  # summarize job-array size (task i: --shard i/N); summarize-merge joins them
     cli: str | None = None                 # how the nodes call hibert; None = this install's python -m hibert.cli
     pipeline: list[SlurmStage] = Field(default_factory=list)  # empty: prep, merge, pretrain x2, finetune, evaluate
     # finetune and evaluate stages run once per seed (run.seed and schedule.seed), as <stage>-seed<S> writing <run.name>-seed<S>;
