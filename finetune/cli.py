@@ -24,7 +24,7 @@ from hibert.finetune.base.generation import (
     check_generation_flags,
     decoding_from_args,
 )
-from hibert.finetune.base.settings import EvalSettings, SummarizeSettings
+from hibert.finetune.base.settings import EvalSettings, SummarizeSettings, default_device, model_ref
 from hibert.finetune.base.fluency import fluency_note
 from hibert.finetune.base.text import InputError, Summary, check_lengths, read_clusters, read_documents
 from hibert.finetune.heads import EvalOutcome, HeadSpec, get_head, head_of_export
@@ -44,9 +44,7 @@ def _ranking_arg(value: str) -> str:
 
 
 def _device() -> str:
-    import torch  # ~1 s; see the module docstring
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return default_device()  # torch (~1 s) only when a model is about to load; see the module docstring
 
 
 # ------------------------------------------------------------------------------------------------ finetune
@@ -113,7 +111,7 @@ def positive_int(text: str) -> int:
 
 
 def _model_ref(cfg: Config, ref: str | None) -> str:
-    return ref or str(cfg.run_dir / "export")
+    return model_ref(cfg, ref)
 
 
 def _check_decoding(head: HeadSpec, local: Path, flags):

@@ -28,7 +28,7 @@ def served(model_uri: str, tracking_uri: str, log: Path, timeout: float = 180):
     """Yields the server's base URL once /ping answers 200."""
     port = free_port()
     # the server execs `uvicorn` by name: the venv's bin first on PATH, as an activated venv has it
-    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri,
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_REGISTRY_URI": tracking_uri,
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     with open(log, "w") as out:
         proc = subprocess.Popen([*MLFLOW, "models", "serve", "-m", model_uri, "--env-manager", "local",
@@ -73,3 +73,20 @@ def invoke(url: str, payload: dict | bytes, content_type: str = "application/jso
         return status, json.loads(raw)
     except json.JSONDecodeError:
         return status, raw
+
+
+@contextlib.contextmanager
+def mlflow_store(uri: str, monkeypatch):
+    """MLflow's in-process tracking and registry URIs pointed at `uri` (what `models:/` resolves against), and
+    put back at the end: the globals to None (MLflow's default), the variables MLflow exports by monkeypatch."""
+    import mlflow
+
+    for var in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
+        monkeypatch.setenv(var, uri)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(None)
+        mlflow.set_registry_uri(None)

@@ -49,7 +49,7 @@ def env(tmp_path, monkeypatch):
     yield tmp_path
     import mlflow
 
-    mlflow.set_tracking_uri("")
+    mlflow.set_tracking_uri(None)  # MLflow's in-process default ("" would mean a file store in the cwd)
 
 
 def recipe(tmp_path, uri: str, pipeline=PIPELINE, name: str = "two") -> str:

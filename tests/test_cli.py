@@ -75,7 +75,7 @@ def test_local_store_keeps_artifacts_next_to_the_database(tmp_path, monkeypatch)
         mlflow.log_text("hi", "a.txt")
     assert list((tmp_path / "store" / "mlartifacts").rglob("a.txt"))
     assert not (tmp_path / "mlruns").exists()
-    mlflow.set_tracking_uri("")  # leave MLflow's in-process default as it was
+    mlflow.set_tracking_uri(None)  # MLflow's in-process default ("" would mean a file store in the cwd)
 
 
 def test_building_every_command_parser_imports_no_heavy_library():

@@ -196,7 +196,7 @@ def test_registered_version_is_a_pyfunc_model_served_by_mlflow_like_summarize(re
     import mlflow
     import pandas as pd
 
-    from serving_helpers import invoke, served
+    from serving_helpers import invoke, mlflow_store, served
 
     root, over = reference
     uri, model = f"sqlite:///{root / 'mlflow.db'}", "models:/hibert-abstractive@finetuned"
@@ -212,8 +212,8 @@ def test_registered_version_is_a_pyfunc_model_served_by_mlflow_like_summarize(re
     flags, params = ["--beam", "1", "--max-len", "12", "--no-repeat-ngram", "2"], {"beam": 1, "max_len": 12,
                                                                                    "no_repeat_ngram": 2}
     want_default, want_params = cli(), cli(*flags)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    loaded = mlflow.pyfunc.load_model(model)
+    with mlflow_store(uri, monkeypatch):
+        loaded = mlflow.pyfunc.load_model(model)
     assert loaded.metadata.get_params_schema() is not None
     got = loaded.predict(pd.DataFrame({"text": articles}))
     assert list(zip(got["summary"], got["subwords"])) == want_default

@@ -262,8 +262,10 @@ def test_pyfunc_predict_picks_what_summarize_picks(finetuned, monkeypatch):
     out = run_hibert(["summarize", *over, "--model", "models:/hibert-extractive@finetuned", "--input", docs,
                       "--k", "2", "--json"])
     want = [(r["summary"], r["indices"]) for r in map(json.loads, out.stdout.splitlines())]
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
-    model = mlflow.pyfunc.load_model("models:/hibert-extractive@finetuned")
+    from serving_helpers import mlflow_store
+
+    with mlflow_store(f"sqlite:///{root / 'mlflow.db'}", monkeypatch):
+        model = mlflow.pyfunc.load_model("models:/hibert-extractive@finetuned")
     got = model.predict(pd.DataFrame({"text": texts}), params={"k": 2})
     assert list(zip(got["summary"], got["indices"])) == want
     with pytest.raises(MlflowException, match="params.k 0: must be >= 1"):

@@ -126,3 +126,32 @@ def test_viewer_copied_fragments_novel_words_and_picks_hand_checked():
     assert novel_bigrams(summary, source) == ["coast and", "and power", "in towns"]
     assert _picks(["Power lines fell in three towns ."], source) == [1]
     assert _picks(summary, source) is None
+
+
+def test_viewer_page_embeds_any_text_safely(tmp_path):
+    """Text with </script>, <!-- and the page's own placeholders stays data: one </script> per script element, and
+    the embedded JSON reads back to the same text."""
+    import json as _json
+
+    from hibert.finetune.base.report import Document
+    from hibert.finetune.base.viewer import write_viewer
+
+    nasty = "a </script><script>alert(1)</script> <!-- b __DATA__ __TITLE__"
+    docs = [Document("d<1>", [nasty, "Second sentence ."], [["ref </script>"]], None)]
+    result = {"summaries": {"model": [[nasty]]}, "per_document": {"model": {"rouge1_f": [1.0], "rouge2_f": [0.5],
+                                                                             "rougeL_f": [1.0]}}}
+    page = write_viewer(tmp_path, result, docs, {"task": "abstractive", "split": "__DATA__"}).read_text()
+    assert page.count("</script>") == 2 and "<!-- b" not in page
+    data = page.split('<script type="application/json" id="data">', 1)[1].split("</script>", 1)[0]
+    back = _json.loads(data)
+    assert back["documents"][0]["source"][0] == nasty and back["documents"][0]["id"] == "d<1>"
+    assert "<title>Abstractive summaries on __DATA__: 1 documents</title>" in page
+
+
+def test_summarize_nproc_children_get_the_parents_own_gpus(monkeypatch):
+    from hibert.finetune.corpus_cli import _devices
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert _devices(3) == ["2", "3", "2"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert _devices(2) == [None, None]

@@ -108,7 +108,7 @@ def mlflow_env(monkeypatch, tmp_path):
 
     while mlflow.active_run():
         mlflow.end_run()
-    mlflow.set_tracking_uri("")
+    mlflow.set_tracking_uri(None)  # MLflow's in-process default ("" would mean a file store in the cwd)
 
 
 def test_tracker_logs_no_secret_as_param_or_tag(tmp_path, mlflow_env):

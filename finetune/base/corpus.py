@@ -100,12 +100,13 @@ class Source:
             ds = ds[split]
         return ds
 
-    def count(self) -> int:
-        """Records in the input (JSONL: non-blank lines), for the progress bar."""
+    def count(self, shard: "Shard | None" = None) -> int:
+        """Records in the input (JSONL: non-blank lines) that `shard` owns (all: None), for the progress bar."""
+        shard = shard or Shard()
         if self.path.is_dir():
-            return len(self._dataset())
+            return len(range(shard.index, len(self._dataset()), shard.count))
         with open(self.path, "rb") as f:
-            return sum(1 for line in f if line.strip())
+            return sum(1 for pos, line in enumerate(f) if shard.owns(pos) and line.strip())
 
     def records(self, shard: Shard, after: int = -1) -> Iterator[Record]:
         """The shard's records past position `after`, in input order; bad ones as skipped records."""
@@ -235,6 +236,8 @@ def summarize_shard(summarize_all: Callable[[list], list[Summary]], source: Sour
                     result.skipped[rec.get("reason", "skipped")] += 1
                 else:
                     result.summarized += 1
+        if on_window and result.written:
+            on_window(result.written)   # the progress bar starts where the part left off
     # from the last written record on: it is read again to check that the input still has it there
     records = source.records(shard, after - 1 if after >= 0 else -1)
     if after >= 0:   # the record at the resume point must still be the one the part holds
@@ -288,6 +291,7 @@ def merge(output: Path, count: int, source_name: str = "") -> dict[str, Any]:
                         f"{', ...' if len(missing) > 3 else ''}): run them (or rerun the command) before merging")
     tmp = output.with_name(output.name + ".tmp")
     summarized, skipped, n = 0, Counter(), 0
+    _allow_open_files(count + 64)
     files = [open(p, "rb") for p in parts]
     try:
         def keyed(f):
@@ -317,6 +321,19 @@ def merge(output: Path, count: int, source_name: str = "") -> dict[str, Any]:
         p.unlink()
         done_path(p).unlink()
     return stats
+
+
+def _allow_open_files(n: int) -> None:
+    """The merge holds every part open at once: raise the soft limit toward the hard one where it is lower."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = n if hard == resource.RLIM_INFINITY else min(n, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    if hard != resource.RLIM_INFINITY and hard < n:
+        raise UserError(f"merging {n - 64} parts needs {n} open files, above this process's hard limit {hard} "
+                        "(ulimit -Hn): use fewer shards")
 
 
 def stats_line(stats: dict[str, Any], output: Path) -> str:

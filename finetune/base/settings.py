@@ -33,3 +33,14 @@ class EvalSettings(DecodingFlags):
 class SummarizeSettings(DecodingFlags):
     k: int | None = None                 # extractive: sentences to extract (default: the model's)
     ranking: str | None = None           # clusters: unit ranking (default: as trained)
+
+
+def model_ref(cfg, ref: str | None) -> str:
+    """--model, else the run's own export (`<run dir>/export`)."""
+    return ref or str(cfg.run_dir / "export")
+
+
+def default_device() -> str:
+    import torch  # ~1 s: only when a model is about to load
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -111,9 +112,11 @@ def viewer_data(result: dict[str, Any], docs: Sequence[Any], meta: dict[str, Any
 
 def write_viewer(out_dir: Path, result: dict[str, Any], docs: Sequence[Any], meta: dict[str, Any]) -> Path:
     data = viewer_data(result, docs, meta)
-    # "</" inside a <script> element would end it early; JSON allows the escaped form
-    payload = json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
-    page = _PAGE.replace("__TITLE__", html.escape(data["title"])).replace("__DATA__", payload)
+    # every "<" escaped: "</script>" would end the element early and "<!--" (scraped text) would change how the
+    # parser reads it; JSON reads \u003c back as "<"
+    payload = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
+    parts = {"__TITLE__": html.escape(data["title"]), "__DATA__": payload}
+    page = re.sub("__TITLE__|__DATA__", lambda m: parts[m.group(0)], _PAGE)  # one pass: no value is re-read
     path = Path(out_dir) / VIEWER
     path.write_text(page, encoding="utf-8")
     return path
@@ -197,9 +200,11 @@ function render() {
     const tr = el("tr", "doc"); tr.dataset.id = d.id;
     cols.forEach(c => {const v = c.get(d); tr.appendChild(el("td", c.num ? "num" : "", c.num ? v.toFixed(2) : v));});
     const detail = el("tr", "detail hidden"); const td = el("td"); td.colSpan = cols.length;
-    const wrap = el("div", "cols"); wrap.appendChild(source(d)); wrap.appendChild(summaries(d));
-    td.appendChild(wrap); detail.appendChild(td);
-    tr.onclick = () => detail.classList.toggle("hidden");
+    detail.appendChild(td);
+    // built on first open: a test split of thousands of documents renders its table at once
+    detail.open = () => {if (!td.firstChild) {const wrap = el("div", "cols"); wrap.appendChild(source(d));
+      wrap.appendChild(summaries(d)); td.appendChild(wrap);} detail.classList.toggle("hidden");};
+    tr.onclick = detail.open;
     body.appendChild(tr); body.appendChild(detail);
   }
   document.getElementById("count").textContent = docs.length + " of " + D.documents.length + " documents";
@@ -212,6 +217,6 @@ document.getElementById("worst").onclick = worstFirst;
 const hash = new URLSearchParams(location.hash.slice(1));
 if (hash.has("worst")) worstFirst(); else render();
 if (hash.has("open")) {const rows = document.querySelectorAll("tr.detail"); const n = +hash.get("open");
-  if (rows[n]) rows[n].classList.remove("hidden");}
+  if (rows[n]) rows[n].open();}
 </script></body></html>
 """

@@ -49,7 +49,8 @@ class HibertPyfunc:
         cfg = Config()
         cfg.data.segmenter.stanza_dir = stanza_dir
         # a learned ranker of an mds model resolves through $MLFLOW_TRACKING_URI into a scratch directory
-        cfg.run.output_dir = tempfile.mkdtemp(prefix="hibert-pyfunc-")
+        self._scratch = tempfile.TemporaryDirectory(prefix="hibert-pyfunc-")   # removed with this object
+        cfg.run.output_dir = self._scratch.name
         settings = SummarizeSettings()
         generation = generation_for_export(self.export_dir, settings) if self.head.decodes else None
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")

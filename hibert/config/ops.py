@@ -106,7 +106,8 @@ class SlurmStage(Section):
     @model_validator(mode="after")
     def _check_resources(self) -> "SlurmStage":
         if self.command in ("summarize", "summarize-merge"):
-            given = {a.split("=", 1)[0] for a in self.args if a.startswith("--")}
+            short = {"-i": "--input", "-o": "--output"}
+            given = {short.get(a, a.split("=", 1)[0]) for a in self.args if a.startswith("-")}
             missing = [f for f in ("--input", "--output") if f not in given]
             if missing:
                 raise ValueError(f"stage {self.name!r} ({self.command}): args need {' and '.join(missing)} "
