@@ -18,6 +18,25 @@ def repo() -> Path:
     return REPO
 
 
+@pytest.fixture(autouse=True)
+def _mlflow_process_state():
+    """MLflow exports the URIs an in-process call sets ($MLFLOW_TRACKING_URI, $MLFLOW_REGISTRY_URI) to the
+    environment, which every later `hibert` subprocess inherits (and then logs into another test's store): put
+    the MLFLOW_* variables and MLflow's in-process URIs back after each test."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("MLFLOW_")}
+    yield
+    for k in [k for k in os.environ if k.startswith("MLFLOW_") and k not in saved]:
+        del os.environ[k]
+    os.environ.update(saved)
+    import sys
+
+    if "mlflow" in sys.modules:
+        import mlflow
+
+        mlflow.set_tracking_uri(None)
+        mlflow.set_registry_uri(None)
+
+
 # ---------------------------------------------------------------- shared prepared datasets
 import subprocess as _subprocess
 import sys as _sys
