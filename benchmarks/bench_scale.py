@@ -111,6 +111,7 @@ def main() -> int:
     p.add_argument("--sizes", default="10MB,100MB")
     p.add_argument("--shard-counts", default="10,100,1000")
     p.add_argument("--workers", default="1,2")
+    p.add_argument("--skip", default="", help="comma list of prep,loader to leave out")
     p.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temporary one)")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "bench_scale_cpu.json")
     args = p.parse_args()
@@ -136,7 +137,8 @@ def main() -> int:
     tokenizer = tok_out / "tokenizer.model"
     result["tokenizer_s"] = time.time() - t0
 
-    for size in sizes:
+    skip = {x.strip() for x in args.skip.split(",") if x.strip()}
+    for size in sizes if "prep" not in skip else []:
         rec = recipe(work, corpora[size], tokenizer)
         for w in workers:
             row = prep_run(rec, work / f"prep-{size}-{w}", w, w, result["sizes"][size]["corpus"]["words"])
@@ -146,7 +148,7 @@ def main() -> int:
             subprocess.run(["rm", "-rf", str(work / f"prep-{size}-{w}")])
 
     rec = recipe(work, corpora[sizes[0]], tokenizer)
-    for n in [int(x) for x in args.shard_counts.split(",")]:
+    for n in [int(x) for x in args.shard_counts.split(",")] if "loader" not in skip else []:
         out = work / f"shards-{n}"
         row = prep_run(rec, out, max(workers), n, result["sizes"][sizes[0]]["corpus"]["words"])
         probe = json.loads(run([sys.executable, "-c", LOADER_PROBE, out]).stdout.strip().splitlines()[-1])
@@ -171,8 +173,10 @@ def main() -> int:
               f"{r['resume_batch_s']:>9.3f} {r['prep']['merge_s']:>8.1f} {r['rss_mb']:>7.0f}")
     first, last = sizes[0], sizes[-1]
     w1 = lambda s: next(r for r in result["sizes"][s]["prep"] if r["workers"] == workers[0])  # noqa: E731
-    result["words_per_core_ratio_largest_vs_smallest"] = w1(last)["words_per_s_per_core"] / w1(first)["words_per_s_per_core"]
-    if len(sizes) > 1:
+    if "prep" not in skip:
+        result["words_per_core_ratio_largest_vs_smallest"] = (w1(last)["words_per_s_per_core"]
+                                                             / w1(first)["words_per_s_per_core"])
+    if len(sizes) > 1 and "prep" not in skip:
         result["rss_ratio_largest_vs_second"] = w1(last)["peak_rss_mb"] / w1(sizes[-2])["peak_rss_mb"]
     print(json.dumps({k: v for k, v in result.items() if k.endswith(("ratio_largest_vs_smallest",
                                                                       "ratio_largest_vs_second"))}))

@@ -7,6 +7,7 @@ in (forked or spawned) DataLoader workers.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ import numpy as np
 
 from hibert.data_prep.integrity import verify
 from hibert.data_prep.shards import SPLITS, ShardPart, load_array, shard_name
+
+OPEN_SHARDS = 64   # shards whose arrays a dataset keeps mapped (least recently read released first)
 
 MANIFEST = "manifest.json"
 _CHECKED: set[tuple[str, str]] = set()   # (dataset, split) whose files this process checked
@@ -46,7 +49,9 @@ class DocumentDataset:
         self.doc_source = load_array(d / "doc_source.npy")
         self.is_clusters = self.manifest.get("kind") == "clusters"
         self.doc_num_units = load_array(d / "doc_num_units.npy") if self.is_clusters else None
-        self._parts: dict[int, ShardPart] = {}
+        # the shards read most recently, their arrays mapped; older ones are released (each mapped array holds
+        # an open file: an epoch over 10,000 shards would otherwise hit the process's open-file limit)
+        self._parts: OrderedDict[int, ShardPart] = OrderedDict()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"dir": str(self.dir), "split": self.split}
@@ -68,6 +73,10 @@ class DocumentDataset:
         part = self._parts.get(shard)
         if part is None:
             part = self._parts[shard] = ShardPart(self.dir / self.split / shard_name(shard))
+            if len(self._parts) > OPEN_SHARDS:
+                self._parts.popitem(last=False)[1].release()
+        else:
+            self._parts.move_to_end(shard)
         return part, local
 
     def __getitem__(self, i: int) -> list[np.ndarray]:

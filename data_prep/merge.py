@@ -51,9 +51,13 @@ def _dedup(parts: dict[tuple[str, int], ShardPart]) -> dict[tuple[str, int], np.
     keys = sorted(parts)
     if not keys:
         return {}
-    hashes = np.concatenate([np.asarray(parts[k].src_hash) for k in keys])
-    order = np.concatenate([np.asarray(parts[k].src_order) for k in keys])
-    which = np.concatenate([np.full(len(parts[k].src_hash), j, np.int64) for j, k in enumerate(keys)])
+    hashes, order, which = [], [], []
+    for j, k in enumerate(keys):   # one shard's files open at a time (copies; then the maps are dropped)
+        hashes.append(np.array(parts[k].src_hash))
+        order.append(np.array(parts[k].src_order))
+        which.append(np.full(len(hashes[-1]), j, np.int64))
+        parts[k].release()
+    hashes, order, which = np.concatenate(hashes), np.concatenate(order), np.concatenate(which)
     idx = np.lexsort((order, hashes))
     first = np.ones(len(idx), dtype=bool)
     first[1:] = hashes[idx][1:] != hashes[idx][:-1]
@@ -89,7 +93,13 @@ def merge(cfg: DataConfig, out: Path, plan: dict[str, Any], tokenizer_info: dict
                             f"(e.g. {missing[:10]}); run them (--shard-index i) before --merge")
     n = plan["num_shards"]
     parts = {(s, i): ShardPart(out / s / shard_name(i)) for s in SPLITS for i in range(n)}
-    keep = _dedup(parts) if cfg.dedup else {k: np.ones(len(p.src_hash), bool) for k, p in parts.items()}
+    if cfg.dedup:
+        keep = _dedup(parts)
+    else:
+        keep = {}
+        for k, p in parts.items():
+            keep[k] = np.ones(len(p.src_hash), bool)
+            p.release()
     counts = add_up([d["counts"] for d in done])
     dup_by_source = Counter()
     splits: dict[str, Any] = {}
@@ -116,6 +126,7 @@ def merge(cfg: DataConfig, out: Path, plan: dict[str, Any], tokenizer_info: dict
                 nunits.append((cuo[rows + 1] - cuo[rows]).astype(np.int32))
             offset += int(k.sum())
             stats.update(_doc_stats(p, k))
+            p.release()   # thousands of shards: never all of their files open at once
         d = out / split
         d.mkdir(parents=True, exist_ok=True)
         cat = (lambda xs, dt, shape=(0,): np.concatenate(xs).astype(dt) if xs else np.zeros(shape, dt))

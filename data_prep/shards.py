@@ -211,6 +211,13 @@ class ShardPart:
         setattr(self, name, arr)
         return arr
 
+    def release(self) -> None:
+        """Drop the mapped arrays: each holds an open file (mmap keeps a descriptor), so a process that walks
+        thousands of shards must not keep them all (the limit is ~1,024 per process by default). Arrays a
+        caller still holds stay valid; the file closes with the last of them."""
+        for name in [k for k in vars(self) if k != "dir"]:
+            delattr(self, name)
+
     @staticmethod
     def _strings(data: np.ndarray, offsets: np.ndarray, a: int, b: int) -> list[str]:
         o = offsets[a:b + 1]

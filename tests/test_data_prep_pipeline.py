@@ -257,7 +257,7 @@ def test_bad_input_is_skipped_with_reasons_and_nothing_is_lost(tmp_path):
         ("malformed_gigaword", n) for n in (1, 13, 22, 27, 36)}
 
 
-def test_resume_skips_finished_shards(tmp_path):
+def test_resume_skips_finished_shards(tmp_path, monkeypatch):
     sources = [SourceConfig(format="jsonl", path=str(SAMPLES / "reuters_sample.jsonl"), name="r",
                             text_field="body", id_field="newid")]
     cfg = data_cfg(tmp_path / "out", sources)
@@ -271,6 +271,15 @@ def test_resume_skips_finished_shards(tmp_path):
     m = prepare(cfg, merge_only=True, progress=False)
     assert m["counts"]["docs_in"] == 300 and m["plan"]["num_shards"] == 3
     assert {i: shard_marker(out, i).stat().st_mtime_ns for i in (0, 2)} == mtimes
+    # a dataset keeps at most OPEN_SHARDS shards' files mapped (each mapped array is an open file): same items
+    from hibert.data_prep import dataset as dataset_module
+
+    wide = DocumentDataset(out, "train")
+    want = [[x.tolist() for x in wide[i]] for i in range(len(wide))]
+    monkeypatch.setattr(dataset_module, "OPEN_SHARDS", 1)
+    narrow = DocumentDataset(out, "train")
+    assert [[x.tolist() for x in narrow[i]] for i in range(len(narrow))] == want and len(narrow._parts) == 1
+    assert len({int(narrow._index[i][0]) for i in range(len(narrow))}) == 3
     # a crash in shard 1: its marker is gone (its split dirs may be there); a local rerun redoes only shard 1
     shard_marker(out, 1).unlink()
     again = prepare(cfg, progress=False)
