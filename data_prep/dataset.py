@@ -13,13 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from hibert.data_prep.integrity import verify
+from hibert.data_prep.integrity import read_cache, shard_files, verify
 from hibert.data_prep.shards import SPLITS, ShardPart, load_array, shard_name
 
 OPEN_SHARDS = 64   # shards whose arrays a dataset keeps mapped (least recently read released first)
 
 MANIFEST = "manifest.json"
-_CHECKED: set[tuple[str, str]] = set()   # (dataset, split) whose files this process checked
+# (dataset, split) whose files this process checked -> (its shards' files by shard, the stat cache, the shards
+# already checked)
+_CHECKED: dict[tuple[str, str], tuple[dict[str, dict[str, Any]], dict[str, list[int]], set[int]]] = {}
 TOKENIZER = "tokenizer.model"
 
 
@@ -38,9 +40,11 @@ class DocumentDataset:
         if not path.is_file():
             raise FileNotFoundError(f"{self.dir} is not a prepared dataset (no {MANIFEST}); run `hibert prep`")
         self.manifest: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-        if (str(self.dir.resolve()), split) not in _CHECKED:  # the cheap check, once per process and split
-            verify(self.dir, self.manifest, split=split)
-            _CHECKED.add((str(self.dir.resolve()), split))
+        key = (str(self.dir.resolve()), split)
+        if key not in _CHECKED:  # the cheap check, once per process and split; shards as they are first read
+            verify(self.dir, self.manifest, split=split, shards=False)
+            _CHECKED[key] = (shard_files(self.manifest, split), read_cache(self.dir), set())
+        self._shard_check = _CHECKED[key]
         self.tokenizer_path = self.dir / TOKENIZER
         d = self.dir / split
         self._index = load_array(d / "index.npy")                  # [N, 2]: shard, chunk within the shard
@@ -72,6 +76,10 @@ class DocumentDataset:
         shard, local = self._index[i].tolist()
         part = self._parts.get(shard)
         if part is None:
+            files, cache, checked = self._shard_check
+            if shard not in checked:   # its files' sizes (and sha256 where changed), once per process
+                verify(self.dir, self.manifest, files=files.get(shard_name(shard), {}), cache=cache)
+                checked.add(shard)
             part = self._parts[shard] = ShardPart(self.dir / self.split / shard_name(shard))
             if len(self._parts) > OPEN_SHARDS:
                 self._parts.popitem(last=False)[1].release()

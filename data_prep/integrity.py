@@ -5,8 +5,9 @@ training on it.
 size and sha256 in the manifest (`files`). Opening a dataset runs the cheap check: each file's size, and the
 sha256 of every file whose size or modification time differs from what the last check saw (kept in
 `.verified.json` next to the manifest; merge writes it, so a fresh dataset costs a few stat calls per file, and
-an edited or copied file is rehashed). `hibert prep --verify` rehashes every file (bit rot leaves mtimes
-alone). Datasets prepared before checksums existed have no `files` and are not checked."""
+an edited or copied file is rehashed; a shard's files are checked when the dataset first reads that shard, so
+opening a dataset of 10,000 shards does not stat 200,000 files). `hibert prep --verify` rehashes every file (bit
+rot leaves mtimes alone). Datasets prepared before checksums existed have no `files` and are not checked."""
 from __future__ import annotations
 
 import hashlib
@@ -58,18 +59,41 @@ def _write_cache(root: Path, cache: dict[str, list[int]]) -> None:
         pass
 
 
-def verify(root: Path, manifest: dict[str, Any], full: bool = False, split: str | None = None) -> int:
-    """Check the files the manifest lists (with `split`: that split's and the tokenizer); returns how many were
-    hashed. A missing file, another size or another sha256 is a UserError naming the file and what to do."""
-    files: dict[str, dict[str, Any]] = manifest.get("files") or {}
-    if split is not None:
-        files = {f: v for f, v in files.items() if "/" not in f or f.startswith(f"{split}/")}
+def read_cache(root: Path) -> dict[str, list[int]]:
+    try:
+        cache = json.loads((root / VERIFIED).read_text())
+        return cache if isinstance(cache, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def shard_files(manifest: dict[str, Any], split: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """The manifest's files of `split`'s shards, by shard directory name (`shard-00003`)."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for rel, want in (manifest.get("files") or {}).items():
+        parts = rel.split("/")
+        if len(parts) == 3 and parts[0] == split and parts[1].startswith("shard-"):
+            out.setdefault(parts[1], {})[rel] = want
+    return out
+
+
+def verify(root: Path, manifest: dict[str, Any], full: bool = False, split: str | None = None,
+           shards: bool = True, files: dict[str, dict[str, Any]] | None = None,
+           cache: dict[str, list[int]] | None = None) -> int:
+    """Check the files the manifest lists (with `split`: that split's and the tokenizer; `shards=False`: not its
+    shard directories, which a dataset checks one by one as it first reads them; `files`: just these, against
+    a `cache` already read); returns how many were hashed. A missing file, another size or another sha256 is a
+    UserError naming the file and what to do."""
+    if files is None:
+        files = manifest.get("files") or {}
+        if split is not None:
+            files = {f: v for f, v in files.items() if "/" not in f or f.startswith(f"{split}/")}
+            if not shards:
+                files = {f: v for f, v in files.items() if not f.startswith(f"{split}/shard-")}
     if not files:
         return 0
-    try:
-        cache = {} if full else json.loads((root / VERIFIED).read_text())
-    except (OSError, ValueError):
-        cache = {}
+    if cache is None:
+        cache = {} if full else read_cache(root)
     hashed, fresh = 0, {}
     for rel, want in files.items():
         path = root / rel
@@ -88,5 +112,6 @@ def verify(root: Path, manifest: dict[str, Any], full: bool = False, split: str 
                                 "again (hibert prep --fresh)")
         fresh[rel] = key
     if hashed:
-        _write_cache(root, {**cache, **fresh})
+        cache.update(fresh)
+        _write_cache(root, cache)
     return hashed

@@ -528,8 +528,9 @@ def test_one_worker_prep_starts_no_thread_and_loads_no_torch(tmp_path):
 
 
 def test_a_flipped_byte_or_a_truncated_file_is_found_when_the_dataset_opens(formats, tmp_path):
-    """merge records every file's size and sha256; opening a split checks sizes and rehashes what changed since
-    the last check; `hibert prep --verify` rehashes everything. Each finding names the file."""
+    """merge records every file's size and sha256; opening a split checks its own files' sizes and rehashes what
+    changed since the last check, and each shard's files the first time the dataset reads that shard; `hibert
+    prep --verify` rehashes everything. Each finding names the file."""
     import shutil
 
     from hibert.data_prep import dataset as ds_module
@@ -541,7 +542,8 @@ def test_a_flipped_byte_or_a_truncated_file_is_found_when_the_dataset_opens(form
     for damage in ("flip", "truncate"):
         copy = tmp_path / damage
         shutil.copytree(out, copy)
-        DocumentDataset(copy, "train")            # a copy (new mtimes) is rehashed once and opens
+        ds = DocumentDataset(copy, "train")       # a copy (new mtimes) is rehashed once, as it opens and is read
+        assert all(len(ds[i]) for i in range(len(ds)))
         tokens = next(copy.glob("train/shard-*/tokens.npy"))
         data = bytearray(tokens.read_bytes())
         if damage == "flip":
@@ -551,8 +553,10 @@ def test_a_flipped_byte_or_a_truncated_file_is_found_when_the_dataset_opens(form
         tokens.write_bytes(bytes(data))
         ds_module._CHECKED.clear()                # a new process opening it
         needle = "does not match its checksum" if damage == "flip" else "the manifest recorded"
+        ds = DocumentDataset(copy, "train")       # opens: a shard's files are checked when it is first read
         with pytest.raises(UserError, match=needle) as e:
-            DocumentDataset(copy, "train")
+            for i in range(len(ds)):
+                ds[i]
         assert str(tokens) in str(e.value)
         assert verify_dataset(copy) == 1
     assert verify_dataset(out) == 0
