@@ -232,19 +232,12 @@ def add_summarize_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _print_summary(s: Summary, clusters: bool, as_json: bool) -> None:
-    subwords = {} if s.subwords is None else {"subwords": s.subwords}
-    if clusters:
-        if as_json:
-            print(json.dumps({"id": s.doc_id, "summary": s.sentences, "num_sentences": s.num_sentences,
-                              "note": s.note, **subwords}))
-        else:
-            print(f"# {s.doc_id}: {len(s.sentences)}-sentence abstract of a cluster ({s.note})")
-            print("\n".join(s.sentences) if s.sentences else "(no summary: the cluster has no sentences)"
-                  if not s.num_sentences else "(empty summary: the model ended it at once)")
-        return
     if as_json:
-        print(json.dumps({"id": s.doc_id, "summary": s.sentences, "indices": s.indices,
-                          "num_sentences": s.num_sentences, "note": s.note, **subwords}))
+        print(json.dumps(s.record(clusters)))
+    elif clusters:
+        print(f"# {s.doc_id}: {len(s.sentences)}-sentence abstract of a cluster ({s.note})")
+        print("\n".join(s.sentences) if s.sentences else "(no summary: the cluster has no sentences)"
+              if not s.num_sentences else "(empty summary: the model ended it at once)")
     else:
         note = f" ({s.note})" if s.note else ""
         what = (f"{len(s.sentences)}-sentence abstract of {s.num_sentences} sentences" if s.indices == []

@@ -198,17 +198,6 @@ def last_written(part: Path) -> tuple[int, str | None]:
         return int(last["index"]), last.get("id")
 
 
-def summary_line(position: int, s: Summary, clusters: bool) -> dict[str, Any]:
-    """What `hibert summarize --json` prints for a document, with its input position."""
-    rec: dict[str, Any] = {"index": position, "id": s.doc_id, "summary": s.sentences}
-    if not clusters:
-        rec["indices"] = s.indices
-    rec.update({"num_sentences": s.num_sentences, "note": s.note})
-    if s.subwords is not None:
-        rec["subwords"] = s.subwords
-    return rec
-
-
 @dataclass
 class ShardResult:
     written: int = 0
@@ -256,7 +245,7 @@ def summarize_shard(summarize_all: Callable[[list], list[Summary]], source: Sour
             lines = []
             for r in batch:
                 if r.skipped is None:
-                    lines.append(summary_line(r.position, next(summaries), source.clusters))
+                    lines.append({"index": r.position, **next(summaries).record(source.clusters)})
                     result.summarized += 1
                 else:
                     kind, _, why = r.skipped.partition(": ")

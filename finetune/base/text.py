@@ -32,6 +32,16 @@ class Summary:
     note: str = ""
     subwords: int | None = None   # abstractive: the summary's length in subwords ([SEP] counted, EOS not)
 
+    def record(self, clusters: bool) -> dict:
+        """What `hibert summarize --json` prints for it (also a corpus output line and a pyfunc output row)."""
+        rec: dict = {"id": self.doc_id, "summary": list(self.sentences)}
+        if not clusters:
+            rec["indices"] = [int(i) for i in self.indices]
+        rec.update({"num_sentences": int(self.num_sentences), "note": self.note})
+        if self.subwords is not None:
+            rec["subwords"] = int(self.subwords)
+        return rec
+
 
 def looks_ptb(text: str) -> bool:
     """See et al.'s CNN/DM style: lowercased, PTB tokens (-lrb-, n't split off, `` '')."""

@@ -144,15 +144,7 @@ class HibertPyfunc:
             summaries = self.summarizer.summarize_all(rows, **overrides) if rows else []
         except InputError as e:
             raise _bad(str(e)) from None
-        out = []
-        for s in summaries:
-            row = {"id": s.doc_id, "summary": list(s.sentences), "num_sentences": int(s.num_sentences),
-                   "note": s.note}
-            if not self.clusters:
-                row["indices"] = [int(i) for i in s.indices]
-            if s.subwords is not None:
-                row["subwords"] = int(s.subwords)
-            out.append(row)
+        out = [s.record(self.clusters) for s in summaries]   # the rows `hibert summarize --json` prints
         return pd.DataFrame(out, columns=["id", "summary", "num_sentences", "note"] if not out else None)
 
 
