@@ -49,6 +49,7 @@ from hibert.modeling.abstractive import HibertAbstractive  # noqa: E402
 from anchor_decode import anchor_generate  # noqa: E402
 from hibert.modeling.generate import NEVER_GENERATED, generate  # noqa: E402
 from hibert.modeling.packing import pack_documents  # noqa: E402
+from hibert.runtime.allocator import keep_freed_memory  # noqa: E402
 from workload import machine  # noqa: E402
 
 SIZES = {"small": dict(hidden=256, heads=4, layers=6), "hibert_m": dict(hidden=768, heads=12, layers=6)}
@@ -391,6 +392,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--cross", default="flat,pht,vht", help="cross-attention variants timed at --batch")
     p.add_argument("--skip", default="", help="comma list of throughput,cache,memory to leave out")
     p.add_argument("--threads", type=int, default=2, help="CPU threads for torch")
+    p.add_argument("--default-malloc", action="store_true",
+                   help="keep glibc's malloc defaults (summarize keeps freed memory for reuse on the CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
@@ -418,6 +421,8 @@ def main() -> None:
     args = parse()
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
+        if not args.default_malloc:
+            keep_freed_memory()  # as `hibert summarize` does on the CPU (finetune/base/decoding.py)
     if args.memory_probe is not None:
         beam, kind = args.memory_probe.split(",")
         print(json.dumps(memory_probe(args, int(beam), kind)))

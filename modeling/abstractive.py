@@ -142,7 +142,7 @@ def source_memory(encoded: EncoderOutput, add_sentence_vectors: bool, pad_to_mul
     sentence_slot = (doc * d + sent_pos) * t + docs.token_pos
 
     ids = copy_targets(docs.tokens.reshape(-1).index_select(0, docs.token_index))
-    grid = lambda fill, src: src.new_full((b * width,), fill).index_copy(0, slot, src).view(b, width)  # noqa: E731
+    grid = lambda fill, src: src.new_full((b * width,), fill).index_copy_(0, slot, src).view(b, width)  # noqa: E731
     key_mask = grid(False, torch.ones_like(ids, dtype=torch.bool))
     token_mask = docs.tokens.new_zeros(b * d * t, dtype=torch.bool).index_fill_(0, sentence_slot, True).view(b, d, t)
     token_mask[:, :, 0] |= ~docs.doc_mask  # a padding sentence gets one (zero) key: no fully masked softmax row
@@ -154,7 +154,7 @@ def source_memory(encoded: EncoderOutput, add_sentence_vectors: bool, pad_to_mul
     return SourceMemory(
         states=states, slot=slot, sentence_slot=sentence_slot, key_mask=key_mask, token_mask=token_mask,
         ids=grid(PAD_ID, ids),
-        grid_ids=ids.new_full((b * d * t,), PAD_ID).index_copy(0, sentence_slot, ids).view(b, d * t),
+        grid_ids=ids.new_full((b * d * t,), PAD_ID).index_copy_(0, sentence_slot, ids).view(b, d * t),
         segment=grid(0, sent_pos), sentences=sentences, sentence_mask=sentence_mask,
         rank=sinusoidal_table(d, states.shape[1]).to(device=states.device, dtype=sentences.dtype),
         structure=structure,
@@ -166,7 +166,7 @@ class CrossCache(TensorBundle):
     """One layer's projected memory for B documents (computed once per batch); every field has the
     documents on dim 0, so dropping finished documents is one index_select per field."""
 
-    keys: Tensor                       # [B, heads, L, d]; PHT: [B, heads, d, L]; VHT: [B, heads, D, T, d]
+    keys: Tensor                       # [B, heads, L, d]; K^T [B, heads, d, L] when keys_t; VHT: [B, heads, D, T, d]
     values: Tensor
     key_mask: Tensor                   # [B, L]  ([B, D, T] for VHT)
     ids: Tensor                        # [B, L]  ([B, D * T] for VHT): source ids under the token attention
@@ -180,6 +180,7 @@ class CrossCache(TensorBundle):
     struct_keys: Tensor | None = None    # [B, heads, D, d] the decoder's structural context (last layer's cache)
     struct_values: Tensor | None = None
     struct_bias: Tensor | None = None    # [B, 1, 1, D]
+    keys_t: bool = False                 # keys are stored transposed (attention by matmul: PHT, flat on CPU)
 
     def select(self, docs: Tensor) -> "CrossCache":
         return self._map(lambda t: t.index_select(0, docs))
@@ -206,16 +207,19 @@ def _merge_heads(x: Tensor) -> Tensor:
     return x.transpose(-2, -3).reshape(*lead, q, heads * d)
 
 
-def _grid_kv(proj: Tensor, slot: Tensor, shape: tuple[int, ...], heads: int) -> tuple[Tensor, Tensor]:
+def _grid_kv(proj: Tensor, slot: Tensor, shape: tuple[int, ...], heads: int,
+             keys_t: bool = False) -> tuple[Tensor, Tensor]:
     """K/V projections of the flat memory `proj [N, 2H]` placed on a zero grid `shape` (e.g. (B, L)):
-    two [*shape[:1], heads, *shape[1:], d] tensors, contiguous for the attention matmuls."""
+    two [*shape[:1], heads, *shape[1:], d] tensors, contiguous for the attention matmuls (`keys_t`: the
+    keys as K^T, [B, heads, d, L], what `q @ K^T` reads contiguously)."""
     n, width = proj.shape
     hidden = width // 2
-    grid = proj.new_zeros(math.prod(shape), width).index_copy(0, slot, proj)
+    grid = proj.new_zeros(math.prod(shape), width).index_copy_(0, slot, proj)
     grid = grid.view(*shape, 2, heads, hidden // heads)
     k, v = grid.unbind(-3)                                   # [B, *rest, heads, d]
     order = (0, k.dim() - 2, *range(1, k.dim() - 2), k.dim() - 1)
-    return k.permute(order).contiguous(), v.permute(order).contiguous()
+    k_order = (0, k.dim() - 2, k.dim() - 1, *range(1, k.dim() - 2)) if keys_t else order
+    return k.permute(k_order).contiguous(), v.permute(order).contiguous()
 
 
 def segment_softmax(scores: Tensor, segment: Tensor, num_segments: int, weights: Tensor | None = None,
@@ -273,9 +277,18 @@ class FlatCrossAttention(nn.Module):
         self.coverage = nn.Parameter(torch.zeros(cfg.heads)) if coverage else None
 
     def prepare(self, mem: SourceMemory) -> CrossCache:
-        k, v = _grid_kv(self.kv(mem.states), mem.slot, tuple(mem.key_mask.shape), self.heads)
+        # the fused SDPA kernel on CUDA; on the CPU two matmuls (`forward`), which read K^T
+        keys_t = self.attends_by_matmul(mem.states)
+        k, v = _grid_kv(self.kv(mem.states), mem.slot, tuple(mem.key_mask.shape), self.heads, keys_t)
         bias = torch.zeros_like(mem.key_mask, dtype=k.dtype).masked_fill(~mem.key_mask, -math.inf)
-        return CrossCache(keys=k, values=v, key_mask=mem.key_mask, ids=mem.ids, key_bias=bias[:, None, None, :])
+        return CrossCache(keys=k, values=v, key_mask=mem.key_mask, ids=mem.ids, key_bias=bias[:, None, None, :],
+                          keys_t=keys_t)
+
+    @staticmethod
+    def attends_by_matmul(x: Tensor) -> bool:
+        """On the CPU, softmax(q K^T) V as two matmuls: with decoding's few queries per document (the beams)
+        the flash kernel is ~20% slower (2 cores, 16 documents x 800 keys, beam 5; training shapes: equal)."""
+        return not x.is_cuda
 
     def _scores(self, q: Tensor, cache: CrossCache) -> Tensor:
         """fp32 scores [B, h, Q, L] of scaled queries, -inf at padding (a fresh tensor)."""
@@ -283,17 +296,17 @@ class FlatCrossAttention(nn.Module):
         return s.add_(cache.key_bias)
 
     def _keys_t(self, cache: CrossCache) -> Tensor:
-        return cache.keys.transpose(-1, -2)
+        return cache.keys if cache.keys_t else cache.keys.transpose(-1, -2)
 
     def forward(self, x: Tensor, cache: CrossCache, want_attention: bool = False) -> tuple[Tensor, Tensor | None]:
         """`x [B, Q, H]` -> (context [B, Q, H], token attention [B, Q, L] (mean over heads) or None)."""
         q = _split_heads(self.q(x), self.heads)
-        if not want_attention:
+        if not want_attention and not cache.keys_t:
             out = _sdpa(q, cache.keys, cache.values, cache.key_bias)
             return self.out(_merge_heads(out)), None
         p = torch.softmax(self._scores(q * self.scale, cache), dim=-1)
         out = p.to(cache.values.dtype) @ cache.values
-        return self.out(_merge_heads(out)), p.mean(1)
+        return self.out(_merge_heads(out)), p.mean(1) if want_attention else None
 
     def attend_with_coverage(self, x: Tensor, cache: CrossCache, before: Tensor | None = None,
                              period: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -355,13 +368,13 @@ class ParallelCrossAttention(FlatCrossAttention):
         cache = super().prepare(mem)
         phi = mem.sentences + mem.rank  # eq. 6: Phi := Phi + R
         ks, vs = (_split_heads(t, self.heads).contiguous() for t in self.sent_kv(phi).chunk(2, dim=-1))
-        cache.keys = cache.keys.transpose(-1, -2).contiguous()  # PHT never calls SDPA: keep K^T for q @ K^T
         cache.segment, cache.sent_mask = mem.segment, mem.sentence_mask
         cache.sent_keys, cache.sent_values = ks, vs  # [B, h, D, d]
         return cache
 
-    def _keys_t(self, cache: CrossCache) -> Tensor:
-        return cache.keys
+    @staticmethod
+    def attends_by_matmul(x: Tensor) -> bool:
+        return True  # PHT never calls SDPA: K^T for q @ K^T on every device
 
     def forward(self, x: Tensor, cache: CrossCache, want_attention: bool = False) -> tuple[Tensor, Tensor | None]:
         token_p, sent_context = self.distributions(x, cache)
@@ -469,7 +482,7 @@ class QueryLayout:
 
     def to_grid(self, x: Tensor) -> Tensor:
         if self.index is not None:
-            x = x.new_zeros(self.num_docs * self.width, x.shape[-1]).index_copy(0, self.index, x)
+            x = x.new_zeros(self.num_docs * self.width, x.shape[-1]).index_copy_(0, self.index, x)
         return x.view(self.num_docs, self.width, -1)
 
     def from_grid(self, g: Tensor) -> Tensor:

@@ -27,7 +27,7 @@ class EncoderOutput:
         s, t = self.docs.tokens.shape
         flat = self.token_flat
         if self.docs.token_index is not None:
-            flat = flat.new_zeros(s * t, flat.shape[1]).index_copy(0, self.docs.token_index, flat)
+            flat = flat.new_zeros(s * t, flat.shape[1]).index_copy_(0, self.docs.token_index, flat)
         return flat.view(s, t, -1)
 
     def sentences_by_document(self, rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -37,7 +37,7 @@ class EncoderOutput:
         b, width = d.doc_mask.shape
         flat = self.sentence_states if rows is None else rows
         if d.sent_slot is not None:
-            flat = flat.new_zeros(b * width, flat.shape[1]).index_copy(0, d.sent_slot, flat)
+            flat = flat.new_zeros(b * width, flat.shape[1]).index_copy_(0, d.sent_slot, flat)
         return flat.view(b, width, -1), d.doc_mask
 
 

@@ -110,7 +110,7 @@ class GlobalLayer(nn.Module):
         [C, heads, W, d])."""
         c, w = layout.num_clusters, layout.max_units
         d = pooled.shape[-1]
-        grid = pooled.new_zeros(c * w, self.heads, d).index_copy(0, layout.unit_slot, pooled).view(c, w, self.heads, d)
+        grid = pooled.new_zeros(c * w, self.heads, d).index_copy_(0, layout.unit_slot, pooled).view(c, w, self.heads, d)
         if self.form == "liu_lapata":
             q, k, v = self.qkv(grid).transpose(1, 2).split(d, dim=-1)    # each [C, heads, W, d]
         else:

@@ -67,7 +67,7 @@ def attention(qkv: Tensor, layout: Layout, heads: int) -> Tensor:
         out = _VARLEN_ATTENTION(q, k, v, None, cu, cu, length, length, 0.0, int(layout.causal), True)[0]
         return out.view(n, hidden)
     g, length = layout.num_seqs, layout.max_len
-    grid = qkv if layout.index is None else qkv.new_zeros(g * length, width).index_copy(0, layout.index, qkv)
+    grid = qkv if layout.index is None else qkv.new_zeros(g * length, width).index_copy_(0, layout.index, qkv)
     q, k, v = grid.view(g, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
     mask = None if layout.key_mask is None else layout.key_mask[:, None, None, :]
     if qkv.is_cuda:

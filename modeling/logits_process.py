@@ -54,25 +54,20 @@ class LengthRules(LogitsProcessor):
 
     def __init__(self, min_length: int, max_length: int, vocab: int, device: torch.device):
         self.min_length, self.max_length = min_length, max_length
-        self.early, self.normal, self.last = _step_bias(vocab, device)
+        # the columns to ban, written in place (not a [V] bias added to all R x V log-probs every step)
+        self.normal = torch.tensor(NEVER_GENERATED, device=device)
+        self.early = torch.tensor((*NEVER_GENERATED, EOS_ID), device=device)
 
     @classmethod
     def from_config(cls, gen: GenerationConfig, shape: SearchShape, built: list) -> "LengthRules":
         return cls(gen.min_length, shape.max_length, shape.vocab, shape.device)
 
     def __call__(self, step: int, logp: Tensor) -> None:
-        logp.add_(self.early if step < self.min_length else self.last if step == self.max_length else self.normal)
-
-
-def _step_bias(vocab: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-    """Additive log-prob masks: (before min_length, normal, at max_length)."""
-    normal = torch.zeros(vocab, device=device)
-    normal[list(NEVER_GENERATED)] = float("-inf")
-    early = normal.clone()
-    early[EOS_ID] = float("-inf")
-    last = torch.full((vocab,), float("-inf"), device=device)
-    last[EOS_ID] = 0.0
-    return early, normal, last
+        if step == self.max_length:  # EOS alone
+            eos = logp[:, EOS_ID].clone()
+            logp.fill_(float("-inf"))[:, EOS_ID] = eos
+        else:
+            logp.index_fill_(1, self.early if step < self.min_length else self.normal, float("-inf"))
 
 
 class NgramBlocker(LogitsProcessor):

@@ -235,6 +235,24 @@ def test_candidates_tie_by_lower_index():
     assert index.tolist() == [[0, 2, 4, 1, 5]] and top.tolist() == [[0.0, 0.0, 0.0, -1.0, -1.0]]
 
 
+@pytest.mark.parametrize("n", [5 * 640, 5 * 643])  # whole blocks; a tail that fills no block
+def test_block_prefiltered_candidates_equal_a_full_sort(n):
+    """The block-maximum prefilter returns exactly the k best by (score, lower index): ties inside and
+    across blocks, several of the best in one block, -inf rows and blocks, the best in the tail."""
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randint(-40, 0, (6, n), generator=g).float()         # many exact ties
+    scores[1, 1000:1010] = 5.0                                           # the 10 best in one block
+    scores[2] = float("-inf")
+    scores[2, [7, 3000, n - 1]] = torch.tensor([-1.0, -1.0, -2.0])       # only 3 finite, one in the tail
+    scores[3, :2000] = float("-inf")
+    scores[4, n - 1] = 9.0
+    top, index = _top_candidates(scores, 10)
+    for r in range(6):
+        order = sorted(range(n), key=lambda i: (-scores[r, i].item(), i))[:10]
+        finite = [i for i in order if scores[r, i] > float("-inf")]  # -inf candidates are never used
+        assert index[r, : len(finite)].tolist() == finite and top[r].tolist() == scores[r, order].tolist()
+
+
 # ---------------------------------------------------------------------------------------------- lengths
 def test_max_length_and_min_length():
     docs = random_docs(23, n_docs=4)

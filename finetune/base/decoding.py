@@ -12,6 +12,7 @@ from hibert.data_prep import tokenizer as tok
 from hibert.modeling import pack_documents
 from hibert.modeling.clusters import pack_clusters
 from hibert.modeling.generate import generate
+from hibert.runtime.allocator import keep_freed_memory
 from hibert.runtime.batching import doc_costs, plan_epoch
 from hibert.tokens import SEP_ID
 
@@ -39,6 +40,8 @@ class Decoder:
                  batch_tokens: int = 32768, max_docs: int = 16, clusters: bool = False):
 
         self.model, self.generation, self.device = model, generation, torch.device(device)
+        if self.device.type == "cpu":
+            keep_freed_memory()  # a batch's large temporaries are reused, not mapped and zero-filled anew
         self.clusters = clusters
         self.sp = tok.load(tokenizer_path)
         self.word_start = torch.from_numpy(word_start_mask(self.sp)).to(self.device)
