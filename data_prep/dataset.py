@@ -13,15 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from hibert.data_prep.integrity import read_cache, shard_files, verify
+from hibert.data_prep.integrity import shard_files, verify
 from hibert.data_prep.shards import SPLITS, ShardPart, load_array, shard_name
 
 OPEN_SHARDS = 64   # shards whose arrays a dataset keeps mapped (least recently read released first)
 
 MANIFEST = "manifest.json"
-# (dataset, split) whose files this process checked -> (its shards' files by shard, the stat cache, the shards
+# (dataset, split) whose files this process checked -> (its shards' manifest records by shard, the shards
 # already checked)
-_CHECKED: dict[tuple[str, str], tuple[dict[str, dict[str, Any]], dict[str, list[int]], set[int]]] = {}
+_CHECKED: dict[tuple[str, str], tuple[dict[str, dict[str, Any]], set[int]]] = {}
 TOKENIZER = "tokenizer.model"
 
 
@@ -43,7 +43,7 @@ class DocumentDataset:
         key = (str(self.dir.resolve()), split)
         if key not in _CHECKED:  # the cheap check, once per process and split; shards as they are first read
             verify(self.dir, self.manifest, split=split, shards=False)
-            _CHECKED[key] = (shard_files(self.manifest, split), read_cache(self.dir), set())
+            _CHECKED[key] = (shard_files(self.manifest, split), set())
         self._shard_check = _CHECKED[key]
         self.tokenizer_path = self.dir / TOKENIZER
         d = self.dir / split
@@ -76,9 +76,9 @@ class DocumentDataset:
         shard, local = self._index[i].tolist()
         part = self._parts.get(shard)
         if part is None:
-            files, cache, checked = self._shard_check
+            files, checked = self._shard_check
             if shard not in checked:   # its files' sizes (and sha256 where changed), once per process
-                verify(self.dir, self.manifest, files=files.get(shard_name(shard), {}), cache=cache)
+                verify(self.dir, self.manifest, files=files.get(shard_name(shard), {}))
                 checked.add(shard)
             part = self._parts[shard] = ShardPart(self.dir / self.split / shard_name(shard))
             if len(self._parts) > OPEN_SHARDS:

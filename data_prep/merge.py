@@ -21,7 +21,7 @@ from hibert.config.data import DataConfig
 from hibert.data_prep.counts import add_up
 from hibert.data_prep.dataset import MANIFEST
 from hibert.data_prep.dataset import TOKENIZER as TOKENIZER_FILE
-from hibert.data_prep.integrity import dataset_files, record
+from hibert.data_prep.integrity import record
 from hibert.data_prep.plan import write_json
 from hibert.data_prep.process import SHARDS_DIR, shard_marker
 from hibert.data_prep.segment import segmenter_info
@@ -164,7 +164,7 @@ def merge(cfg: DataConfig, out: Path, plan: dict[str, Any], tokenizer_info: dict
             s["kept"] -= c
             s["skipped"]["duplicate"] = s["skipped"].get("duplicate", 0) + c
     manifest = build_manifest(cfg, plan, done, counts, splits, tokenizer_info)
-    manifest["files"] = record(out, dataset_files(out, SPLITS, TOKENIZER_FILE))   # checked when it opens
+    manifest["files"] = record(out, SPLITS, TOKENIZER_FILE)   # checked when it opens
     manifest["dedup"]["removed_at_merge"] = dups
     manifest["merge_seconds"] = round(time.time() - t0, 3)
     write_json(out / MANIFEST, manifest)

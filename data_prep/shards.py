@@ -23,6 +23,9 @@
       unit_doc.npy        int32   [U] document (within its cluster) of each unit
       unit_scores.npy     float32 [U] ROUGE-2 recall of the unit against the summary (0 without one)
       src_title.npy       uint8   UTF-8 cluster titles ("" when none); src_title_offsets.npy int64 [D+1]
+    written by merge (data_prep/integrity.py):
+      checksums.json              {array file: {bytes, sha256}}; the manifest records this file's own checksum
+      .verified.json              the stat cache of the last check (not part of the dataset's content)
 Everything is plain numbers (np.load(allow_pickle=False)); nothing is pickled.
 """
 from __future__ import annotations

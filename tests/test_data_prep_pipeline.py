@@ -538,21 +538,30 @@ def test_a_flipped_byte_or_a_truncated_file_is_found_when_the_dataset_opens(form
     from hibert.errors import UserError
 
     _, out, manifest = formats
-    assert "tokenizer.model" in manifest["files"] and any(f.endswith("/tokens.npy") for f in manifest["files"])
-    for damage in ("flip", "truncate"):
+    listed = [f for f in manifest["files"] if f.startswith("train/shard-")]
+    assert "tokenizer.model" in manifest["files"] and listed and all(f.endswith("/checksums.json") for f in listed)
+    assert "tokens.npy" in json.loads((out / listed[0]).read_text())   # a shard's arrays: in its own table
+    for damage in ("flip", "truncate", "table"):
         copy = tmp_path / damage
         shutil.copytree(out, copy)
         ds = DocumentDataset(copy, "train")       # a copy (new mtimes) is rehashed once, as it opens and is read
         assert all(len(ds[i]) for i in range(len(ds)))
         tokens = next(copy.glob("train/shard-*/tokens.npy"))
-        data = bytearray(tokens.read_bytes())
-        if damage == "flip":
-            data[len(data) // 2] ^= 0x10
+        if damage == "table":                     # the shard's checksum table itself, rewritten
+            tokens = tokens.with_name("checksums.json")
+            table = json.loads(tokens.read_text())
+            table["tokens.npy"]["bytes"] += 1
+            tokens.write_text(json.dumps(table, sort_keys=True, indent=0) + "\n")
         else:
-            del data[-7:]
-        tokens.write_bytes(bytes(data))
+            data = bytearray(tokens.read_bytes())
+            if damage == "flip":
+                data[len(data) // 2] ^= 0x10
+            else:
+                del data[-7:]
+            tokens.write_bytes(bytes(data))
         ds_module._CHECKED.clear()                # a new process opening it
-        needle = "does not match its checksum" if damage == "flip" else "the manifest recorded"
+        needle = {"flip": "does not match its checksum in .*checksums.json", "truncate": "checksums.json recorded",
+                  "table": "does not match its checksum in the manifest"}[damage]
         ds = DocumentDataset(copy, "train")       # opens: a shard's files are checked when it is first read
         with pytest.raises(UserError, match=needle) as e:
             for i in range(len(ds)):
@@ -560,6 +569,36 @@ def test_a_flipped_byte_or_a_truncated_file_is_found_when_the_dataset_opens(form
         assert str(tokens) in str(e.value)
         assert verify_dataset(copy) == 1
     assert verify_dataset(out) == 0
+
+
+def test_a_dataset_whose_manifest_lists_every_shard_file_is_still_checked(formats, tmp_path):
+    """Datasets merged before shards had their own checksums.json list every shard array in the manifest: they
+    open, read, and a damaged array is still found when its shard is first read."""
+    import shutil
+
+    from hibert.data_prep import dataset as ds_module
+    from hibert.errors import UserError
+
+    _, out, _ = formats
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    for rel in [f for f in manifest["files"] if f.endswith("/checksums.json")]:
+        table = json.loads((old / rel).read_text())
+        del manifest["files"][rel]
+        (old / rel).unlink()
+        manifest["files"].update({f"{rel.rsplit('/', 1)[0]}/{name}": want for name, want in table.items()})
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    ds_module._CHECKED.clear()
+    ds = DocumentDataset(old, "train")
+    assert all(len(ds[i]) for i in range(len(ds)))
+    tokens = next(old.glob("train/shard-*/tokens.npy"))
+    tokens.write_bytes(tokens.read_bytes()[:-5])
+    ds_module._CHECKED.clear()
+    ds = DocumentDataset(old, "train")
+    with pytest.raises(UserError, match="the manifest recorded"):
+        for i in range(len(ds)):
+            ds[i]
 
 
 def test_prep_on_a_full_disk_is_one_line_and_a_rerun_completes(tmp_path, small_disk):
