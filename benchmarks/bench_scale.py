@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from make_corpus import parse_size, write  # noqa: E402
-from workload import machine  # noqa: E402
+from workload import machine, write_results  # noqa: E402
 
 HIBERT = [sys.executable, "-m", "hibert.cli"]
 WRAP = ("import resource, subprocess, sys, time; t = time.time(); rc = subprocess.call(sys.argv[1:]); "
@@ -90,12 +90,13 @@ def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def prep_run(rec: Path, out: Path, workers: int, shards: int, words: int) -> dict:
-    """`words`: whitespace words of the input (the generator counts them)."""
-    wall, rss = wrapped([*HIBERT, "prep", rec, f"data.output={out}", "--workers", workers, "--num-shards", shards,
-                         "--no-progress"])
+def prep_run(rec: Path, out: Path, workers: int, shards: int | None, words: int) -> dict:
+    """`words`: whitespace words of the input (the generator counts them); `shards` None: prep's own count
+    (max(workers, input / data.shard_size_mb))."""
+    count = [] if shards is None else ["--num-shards", shards]
+    wall, rss = wrapped([*HIBERT, "prep", rec, f"data.output={out}", "--workers", workers, *count, "--no-progress"])
     t0 = time.time()
-    run([*HIBERT, "prep", rec, f"data.output={out}", "--merge", "--num-shards", shards, "--no-progress"])
+    run([*HIBERT, "prep", rec, f"data.output={out}", "--merge", *count, "--no-progress"])
     merge = time.time() - t0
     manifest = json.loads((out / "manifest.json").read_text())
     counts = manifest["counts"]
@@ -111,6 +112,8 @@ def main() -> int:
     p.add_argument("--sizes", default="10MB,100MB")
     p.add_argument("--shard-counts", default="10,100,1000")
     p.add_argument("--workers", default="1,2")
+    p.add_argument("--prep-shards", type=int, default=None,
+                   help="shards of the prep runs (default: prep's own, one per data.shard_size_mb of input)")
     p.add_argument("--skip", default="", help="comma list of prep,loader to leave out")
     p.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temporary one)")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "bench_scale_cpu.json")
@@ -141,16 +144,27 @@ def main() -> int:
     for size in sizes if "prep" not in skip else []:
         rec = recipe(work, corpora[size], tokenizer)
         for w in workers:
-            row = prep_run(rec, work / f"prep-{size}-{w}", w, w, result["sizes"][size]["corpus"]["words"])
+            row = prep_run(rec, work / f"prep-{size}-{w}", w, args.prep_shards,
+                           result["sizes"][size]["corpus"]["words"])
             result["sizes"][size]["prep"].append(row)
             print(f"[scale] prep {size} x{w}: {row['words_per_s_per_core']:,.0f} words/s/core, "
                   f"peak RSS {row['peak_rss_mb']:.0f} MB, merge {row['merge_s']:.1f} s", flush=True)
             subprocess.run(["rm", "-rf", str(work / f"prep-{size}-{w}")])
 
-    rec = recipe(work, corpora[sizes[0]], tokenizer)
-    for n in [int(x) for x in args.shard_counts.split(",")] if "loader" not in skip else []:
+    # the loader's corpus: the smallest size in at least as many files as the largest shard count. A shard that
+    # reads a part of a file reads the whole file (gzip does not seek), so one file in 10,000 parts would be
+    # read 10,000 times; Gigaword itself comes in ~1,000 monthly files.
+    counts = [int(x) for x in args.shard_counts.split(",")] if "loader" not in skip else []
+    if counts:
+        loader_corpus = work / f"corpus-{sizes[0]}-many-files"
+        file_mb = parse_size(sizes[0]) / max(counts) / 2**20
+        meta = write(loader_corpus, parse_size(sizes[0]), "gigaword", 0, file_mb)
+        result["loader_corpus"] = meta
+        print(f"[scale] loader corpus: {meta['files']} files, {meta['documents']} documents", flush=True)
+        rec = recipe(work, loader_corpus, tokenizer)
+    for n in counts:
         out = work / f"shards-{n}"
-        row = prep_run(rec, out, max(workers), n, result["sizes"][sizes[0]]["corpus"]["words"])
+        row = prep_run(rec, out, max(workers), n, result["loader_corpus"]["words"])
         probe = json.loads(run([sys.executable, "-c", LOADER_PROBE, out]).stdout.strip().splitlines()[-1])
         result["loader"][str(n)] = {"prep": row, **probe}
         print(f"[scale] {n} shards: open {probe['open_s']:.3f} s, plan {probe['plan_s']:.3f} s, first batch "
@@ -180,11 +194,7 @@ def main() -> int:
         result["rss_ratio_largest_vs_second"] = w1(last)["peak_rss_mb"] / w1(sizes[-2])["peak_rss_mb"]
     print(json.dumps({k: v for k, v in result.items() if k.endswith(("ratio_largest_vs_smallest",
                                                                       "ratio_largest_vs_second"))}))
-    result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"results: {args.out}")
-    return 0
+    return write_results(args.out, result)
 
 
 if __name__ == "__main__":

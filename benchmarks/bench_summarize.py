@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from workload import machine  # noqa: E402
+from workload import machine, write_results  # noqa: E402
 
 HIBERT = [sys.executable, "-m", "hibert.cli"]
 SAMPLES = [REPO / "samples" / f"cnndm_{s}_sample.jsonl" for s in ("train", "val", "test")]
@@ -148,10 +148,7 @@ def main() -> int:
               "two_process_speedup_steady": steady,
               "memory_ratio": mem_ratio, "outputs_identical": same, "targets": TARGETS,
               "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"results: {args.out}")
-    return 0
+    return write_results(args.out, result)
 
 
 if __name__ == "__main__":

@@ -75,13 +75,13 @@ def documents(seed: int):
         n += 1
 
 
-def write(out: Path, size: int, fmt: str, seed: int, file_mb: int) -> dict:
+def write(out: Path, size: int, fmt: str, seed: int, file_mb: float) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     written = docs = words = files = 0
     stream = documents(seed)
-    limit = file_mb << 20
+    limit = max(1, int(file_mb * 2**20))
     while written < size:
-        name = out / (f"syn_{files:05d}.sgml.gz" if fmt == "gigaword" else f"syn_{files:05d}.jsonl")
+        name = out / (f"syn_{files:06d}.sgml.gz" if fmt == "gigaword" else f"syn_{files:06d}.jsonl")
         # mtime=0: the same arguments give the same bytes
         opener = (gzip.GzipFile(filename="", mode="wb", compresslevel=1, mtime=0, fileobj=open(name, "wb"))
                   if fmt == "gigaword" else open(name, "wb"))
@@ -114,7 +114,8 @@ def main() -> int:
     p.add_argument("--format", choices=["gigaword", "jsonl"], default="gigaword")
     p.add_argument("--out", type=Path, required=True, help="a scratch directory (never inside the repository)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--file-mb", type=int, default=64, help="uncompressed MB per file (the LDC files are ~10-100)")
+    p.add_argument("--file-mb", type=float, default=64,
+                   help="uncompressed MB per file (the LDC files are ~10-100; 0.001: one or two documents each)")
     args = p.parse_args()
     if args.out.resolve().is_relative_to(REPO):
         raise SystemExit(f"--out {args.out}: inside the repository; generated corpora are never committed")

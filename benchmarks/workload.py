@@ -5,6 +5,7 @@ import json
 import os
 import platform
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -60,3 +61,12 @@ def machine() -> dict:
         info["gpu"] = torch.cuda.get_device_name(0)
         info["cuda"] = torch.version.cuda
     return info
+
+
+def write_results(path: Path, result: dict) -> int:
+    """The benchmark's JSON (with when it finished) at `path`; the exit status of a finished benchmark."""
+    result.setdefault("finished", time.strftime("%Y-%m-%dT%H:%M:%S"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1))
+    print(f"results: {path}")
+    return 0

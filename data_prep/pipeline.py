@@ -195,6 +195,10 @@ def prepare(cfg: DataConfig, *, workers: int | None = None, num_shards: int | No
     if any(not s.ptb_tokenized for s in cfg.sources):
         check_available(cfg.segmenter)
     plan = planning.resolve(cfg, out, num_shards, workers, fresh)
+    if local and (reread := planning.reread_factor(plan)) > 2:
+        log.warning("%d shards cut the input files into parts, and every part reads its whole file (compressed "
+                    "input cannot seek): prep reads %.1fx the input. Fewer shards (data.num_shards, "
+                    "data.shard_size_mb) or more, smaller input files avoid it", plan["num_shards"], reread)
     if shard_index is not None and not 0 <= shard_index < plan["num_shards"]:
         raise ValueError(f"--shard-index {shard_index} is outside 0..{plan['num_shards'] - 1}")
     if fresh and local:

@@ -3,7 +3,9 @@ files, so every Slurm array task computes the same plan; saved as plan.json so a
 uses exactly the plan the shards were made with.
 
 Large inputs are cut into `parts` by record ordinal (record k of a unit goes to part k % parts); pieces are
-spread over the shards largest first (LPT), which balances bytes without reading anything.
+spread over the shards largest first (LPT), which balances bytes without reading anything. A part's shard
+reads its whole unit (gzip cannot seek), so more shards than units multiply the bytes read: prep warns above
+2x (`reread_factor`).
 """
 from __future__ import annotations
 
@@ -91,6 +93,14 @@ def write_json(path: Path, obj: Any) -> None:
 def load(out: Path) -> dict[str, Any] | None:
     p = out / PLAN
     return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
+
+
+def reread_factor(plan: dict[str, Any]) -> float:
+    """Bytes the shards read over the input's bytes: a unit cut into p parts is read p times."""
+    parts = {(si, ui): p for shard in plan["shards"] for si, ui, _, p in shard}
+    sizes = {(si, ui): size for si, s in enumerate(plan["sources"]) for ui, (_, size) in enumerate(s["units"])}
+    total = sum(sizes.values())
+    return sum(size * parts.get(k, 1) for k, size in sizes.items()) / total if total else 1.0
 
 
 def resolve(cfg: DataConfig, out: Path, num_shards: int | None, workers: int, fresh: bool) -> dict[str, Any]:

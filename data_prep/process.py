@@ -119,7 +119,12 @@ class ShardProcessor:
             self.sentencizer.segmenter  # load it now (once per process) so setup_seconds can tell it apart
         setup = time.time() - t0
         counts = Counts(len(self.names))
-        writers = {s: SplitWriter(clusters=cfg.is_clusters) for s in SPLITS}
+        tmp = self.out / ".tmp" / f"{shard_name(shard)}.{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        # the writers stream the shard's tokens and text into tmp as they come (memory does not grow with the
+        # shard); the finished directories replace the shard's at the end
+        writers = {s: SplitWriter(clusters=cfg.is_clusters, directory=tmp / s) for s in SPLITS}
         seen: dict[int, int] = {}          # content hash -> input key of the copy written
         batch: list[tuple[int, R.RawDoc, int, int]] = []
         checksums = {}
@@ -155,7 +160,7 @@ class ShardProcessor:
             pending_words += self._process(batch, writers, counts)
         if progress:
             progress(pending_docs, pending_words)
-        return self._finish(shard, writers, counts, checksums,
+        return self._finish(shard, tmp, writers, counts, checksums,
                             {"seconds": round(time.time() - t0, 3), "cpu_seconds": round(time.process_time() - c0, 3),
                              "setup_seconds": round(setup, 3)})
 
@@ -286,12 +291,9 @@ class ShardProcessor:
         sc["sentences"] += len(sentences)
         sc["tokens"] += n_tokens
 
-    def _finish(self, shard: int, writers: dict[str, SplitWriter], counts: Counts,
+    def _finish(self, shard: int, tmp: Path, writers: dict[str, SplitWriter], counts: Counts,
                 checksums: dict[str, str], timing: dict[str, float]) -> dict[str, Any]:
         name = shard_name(shard)
-        tmp = self.out / ".tmp" / f"{name}.{os.getpid()}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
         for split, w in writers.items():
             w.write(tmp / split)
         for split in SPLITS:

@@ -30,6 +30,7 @@ Everything is plain numbers (np.load(allow_pickle=False)); nothing is pickled.
 """
 from __future__ import annotations
 
+import io
 import os
 import shutil
 from array import array
@@ -50,28 +51,89 @@ def load_array(path: Path) -> np.ndarray:
     return np.asarray(np.load(path, mmap_mode="r", allow_pickle=False))
 
 
-class _Strings:
-    """Strings as one UTF-8 byte buffer plus offsets."""
+_HEADER = 128  # bytes np.save writes before the data of a 1-2 dimensional array (magic, version, dict, padding)
+_FLUSH = 1 << 20  # elements a streamed column buffers before it appends them to its file
 
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.offsets = array("q", [0])
+
+class _Column:
+    """An append-only array: kept in memory, or, given a path, streamed to that .npy file as it grows (only
+    the last < _FLUSH elements are held) and given its header at `save`: the same bytes np.save writes."""
+
+    def __init__(self, typecode: str, dtype: str, path: Path | None = None, first: int | None = None) -> None:
+        self.typecode, self.dtype, self.path = typecode, np.dtype(dtype), path
+        self.buf = array(typecode, [] if first is None else [first])
+        self.flushed = 0
+        self.file = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(path, "wb")
+            self.file.write(b"\0" * _HEADER)
+
+    def __len__(self) -> int:
+        return self.flushed + len(self.buf)
+
+    def append(self, value) -> None:
+        self.buf.append(value)
+        if self.file is not None and len(self.buf) >= _FLUSH:
+            self._flush()
+
+    def extend(self, values) -> None:
+        if isinstance(values, (bytes, bytearray)):
+            self.buf.frombytes(values)
+        else:
+            self.buf.extend(values)
+        if self.file is not None and len(self.buf) >= _FLUSH:
+            self._flush()
+
+    def _flush(self) -> None:
+        self.buf.tofile(self.file)
+        self.flushed += len(self.buf)
+        self.buf = array(self.typecode)
+
+    def save(self, path: Path, shape: tuple[int, ...] | None = None) -> None:
+        if self.file is None:
+            np.save(path, np.frombuffer(self.buf, dtype=self.dtype).reshape(shape or (-1,)), allow_pickle=False)
+            return
+        if Path(path) != self.path:
+            raise ValueError(f"{self.path} streams to its own file, not {path}")
+        self._flush()
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(header, {"descr": np.lib.format.dtype_to_descr(self.dtype),
+                                                      "fortran_order": False, "shape": shape or (self.flushed,)})
+        if len(header.getvalue()) != _HEADER:  # only a shape of ~80 digits would need more
+            raise ValueError(f"{path}: an .npy header of {len(header.getvalue())} bytes")
+        self.file.seek(0)
+        self.file.write(header.getvalue())
+        self.file.close()
+        self.file = None
+
+
+class _Strings:
+    """Strings as one UTF-8 byte column plus offsets."""
+
+    def __init__(self, data_path: Path | None = None) -> None:
+        self.data = _Column("B", "uint8", data_path)
+        self.offsets = _Column("q", "int64", first=0)
 
     def add(self, s: str) -> None:
-        self.data += s.encode("utf-8")
+        self.data.extend(s.encode("utf-8"))
         self.offsets.append(len(self.data))
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        return np.frombuffer(bytes(self.data), dtype=np.uint8), np.frombuffer(self.offsets, dtype=np.int64)
+    def save(self, directory: Path, data: str, offsets: str) -> None:
+        self.data.save(directory / f"{data}.npy")
+        self.offsets.save(directory / f"{offsets}.npy")
 
 
 class _Sentences:
-    """Encoded sentences + their text."""
+    """Encoded sentences + their text (`prefix`: the array names' prefix, `directory`: stream the tokens and
+    text there)."""
 
-    def __init__(self) -> None:
-        self.tokens = array("i")
-        self.offsets = array("q", [0])
-        self.text = _Strings()
+    def __init__(self, prefix: str = "", directory: Path | None = None) -> None:
+        stream = lambda name: None if directory is None else directory / f"{prefix}{name}.npy"  # noqa: E731
+        self.prefix = prefix
+        self.tokens = _Column("i", "int32", stream("tokens"))
+        self.offsets = _Column("q", "int64", first=0)
+        self.text = _Strings(stream("text"))
 
     def add(self, ids: list[int], text: str) -> None:
         self.tokens.extend(ids)
@@ -81,18 +143,28 @@ class _Sentences:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
+    def save(self, directory: Path) -> None:
+        p = self.prefix
+        self.tokens.save(directory / f"{p}tokens.npy")
+        self.offsets.save(directory / f"{p}sent_offsets.npy")
+        self.text.save(directory, f"{p}text", f"{p}text_offsets")
+
 
 class SplitWriter:
-    """Accumulates one split of one shard in memory and writes it in one go."""
+    """Collects one split of one shard. Given its `directory`, it streams the bulk of it — sentence tokens and
+    text, summary tokens and text — to their files as documents arrive, so a process holds only per-sentence
+    offsets and per-document fields, not the shard (a 128 MB shard of input is ~250 MB of tokens and text);
+    `write` completes the directory. Without one it keeps everything in memory until `write`."""
 
-    def __init__(self, clusters: bool = False) -> None:
+    def __init__(self, clusters: bool = False, directory: Path | None = None) -> None:
         self.clusters = clusters
+        self.directory = None if directory is None else Path(directory)
         self.unit_offsets = array("q", [0])
         self.chunk_unit_offsets = array("q", [0])
         self.unit_doc = array("i")
         self.unit_scores = array("f")
         self.src_title = _Strings()
-        self.sents = _Sentences()
+        self.sents = _Sentences("", self.directory)
         self.labels = array("B")
         self.chunk_offsets = array("q", [0])
         self.chunk_src = array("q")
@@ -103,7 +175,7 @@ class SplitWriter:
         self.src_source = array("i")
         self.src_has_summary = array("B")
         self.src_stats = array("i")
-        self.summ = _Sentences()
+        self.summ = _Sentences("sum_", self.directory)
         self.sum_doc_offsets = array("q", [0])
 
     @property
@@ -154,36 +226,31 @@ class SplitWriter:
         self.sum_doc_offsets.append(len(self.summ))
 
     def write(self, directory: Path) -> None:
+        directory = Path(directory)
+        if self.directory is not None and directory != self.directory:
+            raise ValueError(f"this writer streams into {self.directory}, not {directory}")
         directory.mkdir(parents=True, exist_ok=True)
-        text, text_offsets = self.sents.text.arrays()
-        ids, id_offsets = self.src_ids.arrays()
-        sum_text, sum_text_offsets = self.summ.text.arrays()
+        self.sents.save(directory)
+        self.summ.save(directory)
+        self.src_ids.save(directory, "src_ids", "src_id_offsets")
         arrays = {
-            "tokens": np.frombuffer(self.sents.tokens, dtype=np.int32),
-            "sent_offsets": np.frombuffer(self.sents.offsets, dtype=np.int64),
             "chunk_offsets": np.frombuffer(self.chunk_offsets, dtype=np.int64),
-            "text": text, "text_offsets": text_offsets,
             "labels": np.frombuffer(self.labels, dtype=np.uint8),
             "chunk_src": np.frombuffer(self.chunk_src, dtype=np.int64),
             "chunk_no": np.frombuffer(self.chunk_no, dtype=np.int32),
-            "src_ids": ids, "src_id_offsets": id_offsets,
             "src_hash": np.frombuffer(self.src_hash, dtype=np.uint64),
             "src_order": np.frombuffer(self.src_order, dtype=np.int64),
             "src_source": np.frombuffer(self.src_source, dtype=np.int32),
             "src_has_summary": np.frombuffer(self.src_has_summary, dtype=np.uint8),
             "src_stats": np.frombuffer(self.src_stats, dtype=np.int32).reshape(-1, 3),
-            "sum_tokens": np.frombuffer(self.summ.tokens, dtype=np.int32),
-            "sum_sent_offsets": np.frombuffer(self.summ.offsets, dtype=np.int64),
             "sum_doc_offsets": np.frombuffer(self.sum_doc_offsets, dtype=np.int64),
-            "sum_text": sum_text, "sum_text_offsets": sum_text_offsets,
         }
         if self.clusters:
-            title, title_offsets = self.src_title.arrays()
+            self.src_title.save(directory, "src_title", "src_title_offsets")
             arrays.update({"unit_offsets": np.frombuffer(self.unit_offsets, dtype=np.int64),
                            "chunk_unit_offsets": np.frombuffer(self.chunk_unit_offsets, dtype=np.int64),
                            "unit_doc": np.frombuffer(self.unit_doc, dtype=np.int32),
-                           "unit_scores": np.frombuffer(self.unit_scores, dtype=np.float32),
-                           "src_title": title, "src_title_offsets": title_offsets})
+                           "unit_scores": np.frombuffer(self.unit_scores, dtype=np.float32)})
         for name, arr in arrays.items():
             np.save(directory / f"{name}.npy", arr, allow_pickle=False)
 

@@ -79,6 +79,12 @@ class Cluster:
         assert out.returncode == 0, f"scontrol show job {job_id}: {out.stderr}"
         return re.findall(r"\bJobState=(\S+)", out.stdout)
 
+    def hosts(self, job_id: str) -> list[str]:
+        """BatchHost of every record of the job (one per array task)."""
+        out = _run("scontrol", "show", "job", "-o", job_id)
+        assert out.returncode == 0, f"scontrol show job {job_id}: {out.stderr}"
+        return re.findall(r"\bBatchHost=(\S+)", out.stdout)
+
     def wait_until(self, what: str, check: Callable[[], bool], timeout: float, poll: float = 0.5) -> None:
         deadline = time.monotonic() + timeout
         while not check():

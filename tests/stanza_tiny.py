@@ -27,8 +27,9 @@ def _labelled(paragraph: list[list[str]]) -> tuple[str, str]:
     return text, labels
 
 
-def build(root: Path, steps: int = 300, seed: int = 0) -> Path:
-    """Train and install the model under root (root/en/tokenize/tiny.pt + root/resources.json)."""
+def build(root: Path, steps: int = 300, seed: int = 0, emb_dim: int = 8, hidden_dim: int = 16) -> Path:
+    """Train and install the model under root (root/en/tokenize/tiny.pt + root/resources.json). The sizes:
+    tiny for tests; benchmarks/bench_segment.py passes stanza's default architecture (32, 64)."""
     from stanza.models import tokenizer
 
     root.mkdir(parents=True, exist_ok=True)
@@ -42,7 +43,7 @@ def build(root: Path, steps: int = 300, seed: int = 0) -> Path:
     tokenizer.main(["--txt_file", str(root / "train.txt"), "--label_file", str(root / "train.toklabels"),
                     "--dev_txt_file", str(root / "train.txt"), "--dev_label_file", str(root / "train.toklabels"),
                     "--mwt_json_file", str(root / "mwt.json"), "--no_use_mwt", "--lang", "en",
-                    "--shorthand", "en_tiny", "--emb_dim", "8", "--hidden_dim", "16", "--steps", str(steps),
+                    "--shorthand", "en_tiny", "--emb_dim", str(emb_dim), "--hidden_dim", str(hidden_dim), "--steps", str(steps),
                     "--eval_steps", str(steps + 1), "--batch_size", "8", "--max_seqlen", "60",
                     "--save_dir", str(model_dir), "--save_name", "tiny.pt", "--report_steps", str(steps),
                     "--seed", str(seed)])

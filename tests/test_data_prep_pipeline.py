@@ -150,9 +150,14 @@ def test_random_access_returns_exactly_what_was_written(formats):
     assert ds.tokenizer_path.is_file() and ds.manifest["format_version"] == 1
 
 
-def test_shard_arrays_round_trip(tmp_path):
+def test_shard_arrays_round_trip(tmp_path, monkeypatch):
+    """A writer that streams its tokens and text to the shard directory as documents arrive (flushing every
+    5 elements here) writes the same bytes as one that holds everything until the end, and they read back."""
+    from hibert.data_prep import shards
+
+    monkeypatch.setattr(shards, "_FLUSH", 5)
     rng = np.random.default_rng(0)
-    w = SplitWriter()
+    held, w = SplitWriter(), SplitWriter(directory=tmp_path / "part")
     docs = []
     for d in range(5):
         chunks = [[(rng.integers(6, 4000, rng.integers(1, 9)).tolist(), f"sentence {d}.{c}.{s} — ünïcode")
@@ -160,10 +165,18 @@ def test_shard_arrays_round_trip(tmp_path):
         n = sum(len(c) for c in chunks)
         summary = [([7, 8, 9], "a summary"), ([10], "ⓢ")] if d % 2 else None
         labels = rng.integers(0, 2, n).tolist() if summary else None
-        w.add_document(f"doc{d}", int(rng.integers(0, 2**63)), d, 0, chunks, labels, summary)
+        for writer in (held, w):
+            writer.add_document(f"doc{d}", int(rng.integers(0, 2**63)) if writer is held else held.src_hash[-1], d, 0,
+                                chunks, labels, summary)
         docs.append((chunks, labels, summary))
     w.write(tmp_path / "part")
+    held.write(tmp_path / "held")
+    assert {f.name: f.read_bytes() for f in (tmp_path / "part").iterdir()} == \
+        {f.name: f.read_bytes() for f in (tmp_path / "held").iterdir()}
     SplitWriter().write(tmp_path / "empty")
+    SplitWriter(directory=tmp_path / "empty-streamed").write(tmp_path / "empty-streamed")
+    assert {f.name: f.read_bytes() for f in (tmp_path / "empty").iterdir()} == \
+        {f.name: f.read_bytes() for f in (tmp_path / "empty-streamed").iterdir()}
     p = ShardPart(tmp_path / "part")
     j = 0
     for d, (chunks, labels, summary) in enumerate(docs):
@@ -296,8 +309,9 @@ def test_resume_skips_finished_shards(tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
-def test_two_workers_write_the_same_dataset_as_one(tmp_path, method, monkeypatch):
-    """Whichever way the workers start (fork from a single-threaded parent, else a fork server)."""
+def test_two_workers_write_the_same_dataset_as_one(tmp_path, method, monkeypatch, caplog):
+    """Whichever way the workers start (fork from a single-threaded parent, else a fork server). One input file
+    in 3 shards is read 3 times: prep says so."""
     from hibert.data_prep import workers
 
     monkeypatch.setattr(workers, "start_method", lambda cfg: method)
@@ -305,7 +319,10 @@ def test_two_workers_write_the_same_dataset_as_one(tmp_path, method, monkeypatch
                             summary_field="summary", summary_glued=True, id_field="id")]
     one = data_cfg(tmp_path / "one", sources)
     two = data_cfg(tmp_path / "two", sources, num_shards=3, workers=2)
-    m1, m2 = prepare(one, progress=False), prepare(two, progress=False)
+    m1 = prepare(one, progress=False)
+    assert "prep reads" not in caplog.text
+    m2 = prepare(two, progress=False)
+    assert "3 shards cut the input files into parts" in caplog.text and "prep reads 3.0x the input" in caplog.text
     assert (m1["plan"]["num_shards"], m2["plan"]["num_shards"]) == (1, 3)
     assert m1["counts"] == m2["counts"] and m1["tokenizer"]["sha256"] == m2["tokenizer"]["sha256"]
     assert m1["counts"]["skipped"] == {"duplicate": 1}  # the BBC corpus has exact duplicates

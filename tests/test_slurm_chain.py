@@ -2,6 +2,7 @@
 arrays + merges -> open-domain pretraining (2 nodes, DeepSpeed over gloo) -> in-domain pretraining from
 the registry alias -> finetune -> evaluate, chained with afterok, every stage the real `hibert` command."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,7 @@ def test_submit_runs_the_demo_chain_to_the_end(slurm_cluster, tmp_path):
     out_dir = tmp_path / "slurm"
     assert main(["submit", "demo", f"run.output_dir={tmp_path}", "schedule.max_steps=3", "schedule.eval_every=2",
                  "slurm.cpus_per_task=1", "slurm.nodes=2", "slurm.ntasks_per_node=1", "slurm.time=00:10:00",
+                 "slurm.prep_shards=2",
                  "--stages", ",".join(STAGES), "--out-dir", str(out_dir)]) == 0
     chain = json.loads((out_dir / "jobs.json").read_text())
     ids, cid = chain["jobs"], chain["chain_id"]
@@ -34,3 +36,24 @@ def test_submit_runs_the_demo_chain_to_the_end(slurm_cluster, tmp_path):
     assert {f"open-domain-{cid}", f"in-domain-{cid}", f"finetuned-{cid}"} <= aliases
     report = json.loads((tmp_path / f"finetune-{cid}" / "report-test" / "report.json").read_text())
     assert set(report["scores"]) == {"model", "lead3", "oracle"}
+
+    # the prep array's two shards, one per node, + the merge == one local process preparing the same plan
+    assert sorted(slurm_cluster.hosts(ids["prep-open"])) == ["n1", "n2"]
+    local = tmp_path / "local-open"
+    assert main(["prep", "demo", "data=sample_open", f"data.output={local}", "--num-shards", "2", "--no-progress"]) == 0
+    assert dataset_files(tmp_path / "data" / "open") == dataset_files(local)
+
+
+def dataset_files(root: Path) -> dict[str, bytes]:
+    """Every file of a prepared dataset, bytes; the manifest without when and how long (`created`, the
+    seconds), the shard markers (timings) and the stat caches left out."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if p.is_file() and p.name != ".verified.json" and not rel.startswith("shards/") and p.name != "tokenizer.lock":
+            out[rel] = p.read_bytes()
+    manifest = json.loads(out.pop("manifest.json"))
+    for key in ("created", "merge_seconds", "shard_seconds"):
+        manifest.pop(key)
+    out["manifest.json"] = json.dumps(manifest, sort_keys=True).encode()
+    return out
