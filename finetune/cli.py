@@ -170,22 +170,35 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def _log_to_mlflow(cfg: Config, uri: str, outcome: EvalOutcome) -> None:
-    import mlflow  # ~1 s; see the module docstring
-
+    """The evaluation's MLflow run — tags, params, the mean scores, the report directory, the per-document
+    table — as one outbox operation: sent now when the server answers (a 2 s probe, no MLflow retry storm),
+    else kept, with one line saying so and how to send it (`hibert registry sync`). Evaluations keep their own
+    outbox (`<run dir>/evaluate-outbox`, with this evaluation's config): a training run's outbox may hold
+    operations for another store, which must not be sent here."""
+    from hibert.config import save_resolved
+    from hibert.registry import reachable
+    from hibert.runtime.outbox import Outbox, drain
+    from hibert.runtime.tracking import evaluation_op, send
 
     meta, result = outcome.meta, outcome.result
-    ensure_experiment(uri, cfg.tracking.experiment)
-    with mlflow.start_run(run_name=f"{cfg.run.name}-evaluate-{meta['split']}"):
-        mlflow.set_tags({"stage": "evaluate", "dataset_manifest": meta["dataset_manifest"],
-                         "model": redact_uri(str(meta["model"])), "encoder_init": redact_uri(str(meta["encoder_init"]))})
-        mlflow.log_params({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in meta.items()
-                           if k in ("k", "trigram_blocking", "split", "generation", "compared_with")})
-        for system, sc in result["systems"].items():
-            mlflow.log_metrics({f"{system}_{m}": v["mean"] for m, v in sc.items()})
-        mlflow.log_artifacts(str(outcome.out), artifact_path="report")   # report.md/json, rouge.png, viewer.html
-        table = per_document_table(result)
-        if table["doc_id"]:  # per-document ROUGE per system: comparable across runs in the MLflow UI
-            mlflow.log_table(data=table, artifact_file="report/per_document.json")
+    table = per_document_table(result)
+    keep = cfg.run_dir / "evaluate-outbox"
+    outbox = Outbox(keep)
+    op = evaluation_op(
+        outbox, cfg.tracking.experiment, f"{cfg.run.name}-evaluate-{meta['split']}",
+        tags={"stage": "evaluate", "dataset_manifest": meta["dataset_manifest"],
+              "model": redact_uri(str(meta["model"])), "encoder_init": redact_uri(str(meta["encoder_init"]))},
+        params={k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in meta.items()
+                if k in ("k", "trigram_blocking", "split", "generation", "compared_with")},
+        metrics={f"{system}_{m}": v["mean"] for system, sc in result["systems"].items() for m, v in sc.items()},
+        report_dir=outcome.out, table=table if table["doc_id"] else None)
+    save_resolved(cfg, keep)  # what `hibert registry sync` reads the store from
+    outbox.append(op)
+    left = drain(outbox, lambda ops: send(uri, ops), lambda: reachable(uri)) if reachable(uri) else len(outbox)
+    if left:
+        print(f"hibert evaluate: tracking server {redact_uri(uri)} is unreachable: the report is in {outcome.out}; "
+              f"its MLflow run waits in {outbox.path} (send it with `hibert registry sync {keep}` once the "
+              "server is back)", file=sys.stderr)
 
 
 def per_document_table(result: dict) -> dict[str, list]:

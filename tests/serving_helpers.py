@@ -23,6 +23,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def tracking_server(root: Path, port: int) -> subprocess.Popen:
+    """`mlflow server` on loopback with its own store under `root`; returns once /health answers. Stop it
+    with `kill_group` (it runs in its own session, workers included)."""
+    root.mkdir(exist_ok=True)
+    mlflow = Path(sys.executable).with_name("mlflow")
+    proc = subprocess.Popen([str(mlflow), "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+                             "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
+                             "--port", str(port), "--workers", "1"],
+                            stdout=open(root / "server.log", "a"), stderr=subprocess.STDOUT, start_new_session=True)
+    t0 = time.time()
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
+            return proc
+        except OSError:
+            assert proc.poll() is None, (root / "server.log").read_text()[-2000:]
+            assert time.time() - t0 < 90, "mlflow server did not start in 90 s"
+            time.sleep(0.3)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
 @contextlib.contextmanager
 def served(model_uri: str, tracking_uri: str, log: Path, timeout: float = 180):
     """Yields the server's base URL once /ping answers 200."""

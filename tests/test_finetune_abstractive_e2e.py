@@ -12,6 +12,7 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import HIBERT, REPO, render_in_chromium, run_hibert, tiny_train_overrides
+from serving_helpers import free_port, kill_group, tracking_server
 from test_pretrain_deepspeed import _start, _wait_for, assert_same, metric_history
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -85,9 +86,27 @@ def test_zero3_with_tied_embeddings_trains_and_exports(tiny_data, tmp_path):
 
 
 def test_evaluate_reports_abstractive_stats_and_pairs_other_runs(reference, tmp_path):
+    """... and an evaluation whose tracking server is away keeps its MLflow run (report, scores, per-document
+    table) until `hibert registry sync` sends it to the server, back."""
+    import mlflow
+
     root, over = reference
-    run_hibert(["evaluate", *over, "--split", "valid", "--bootstrap", "100", "--beam", "1",
-                "--out", tmp_path / "greedy"], timeout=300)
+    port = free_port()
+    away = run_hibert(["evaluate", *over, "--split", "valid", "--bootstrap", "100", "--beam", "1",
+                       "--out", tmp_path / "greedy", f"tracking.uri=http://127.0.0.1:{port}"], timeout=300)
+    keep = root / "abs" / "evaluate-outbox"
+    assert f"is unreachable: the report is in {tmp_path / 'greedy'}" in away.stderr
+    assert f"hibert registry sync {keep}" in away.stderr and (tmp_path / "greedy" / "report.json").is_file()
+    server = tracking_server(tmp_path / "server", port)
+    try:
+        run_hibert(["registry", "sync", keep], timeout=120)
+        client = mlflow.MlflowClient(f"http://127.0.0.1:{port}")
+        run = client.search_runs([client.get_experiment_by_name("hibert").experiment_id], "tags.stage = 'evaluate'")[0]
+        assert run.info.status == "FINISHED" and "model_rouge1_f" in run.data.metrics
+        assert {"report/report.json", "report/per_document.json"} <= {
+            a.path for a in client.list_artifacts(run.info.run_id, "report")}
+    finally:
+        kill_group(server)
     out = run_hibert(["evaluate", *over, "--split", "valid", "--bootstrap", "100",
                       "--compare", f"greedy={tmp_path / 'greedy'}"], timeout=300)
     report = json.loads((root / "abs" / "report-valid" / "report.json").read_text())
@@ -105,8 +124,6 @@ def test_evaluate_reports_abstractive_stats_and_pairs_other_runs(reference, tmp_
     assert re.search(r'<div class="sent[^"]*pick-oracle', dom)          # the oracle's picks marked in the source
     assert re.search(r'<mark class="copy">[^<]+</mark>', dom) or '<span class="novel">' in dom
     assert (tmp_path / "viewer.png").stat().st_size > 10_000
-    import mlflow
-
     client = mlflow.MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     run = client.search_runs([client.get_experiment_by_name("hibert").experiment_id],
                              "tags.stage = 'evaluate'", order_by=["start_time DESC"])[0]

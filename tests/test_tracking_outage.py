@@ -6,18 +6,15 @@ registration pending), starts the server again on the same store and reruns the 
 outbox is sent, every step's metrics are on the server and the export is registered once.
 """
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from conftest import HIBERT, run_hibert, tiny_train_overrides
 from hibert.runtime.outbox import Outbox, batches, drain
+from serving_helpers import free_port, kill_group, tracking_server
 
 
 # ------------------------------------------------------------------ the outbox on its own
@@ -65,39 +62,6 @@ def test_drain_stops_while_unreachable_and_rejects_what_a_live_server_refuses(tm
 
 # ------------------------------------------------------------------ a real server, killed mid-run
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _serve(root: Path, port: int) -> subprocess.Popen:
-    """`mlflow server` on loopback with its own store; returns once /health answers."""
-    root.mkdir(exist_ok=True)
-    mlflow = Path(sys.executable).with_name("mlflow")
-    proc = subprocess.Popen([str(mlflow), "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-                             "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
-                             "--port", str(port), "--workers", "1"],
-                            stdout=open(root / "server.log", "a"), stderr=subprocess.STDOUT, start_new_session=True)
-    t0 = time.time()
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
-            return proc
-        except OSError:
-            assert proc.poll() is None, (root / "server.log").read_text()[-2000:]
-            assert time.time() - t0 < 90, "mlflow server did not start in 90 s"
-            time.sleep(0.3)
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-
-
 def _log(path: Path) -> str:
     return path.read_text(errors="replace") if path.is_file() else ""
 
@@ -107,9 +71,9 @@ def test_server_killed_mid_run_then_back_nothing_lost(tiny_data, tmp_path):
     from hibert.registry import client, resolve_model
     from hibert.runtime.dist_env import TRACKING_PENDING_EXIT_CODE
 
-    port = _free_port()
+    port = free_port()
     uri = f"http://127.0.0.1:{port}"
-    server = _serve(tmp_path / "server", port)
+    server = tracking_server(tmp_path / "server", port)
     run_dir = tmp_path / "runs" / "outage"
     steps = 10
     args = ["pretrain", *tiny_train_overrides(tmp_path / "runs", "outage", tiny_data["open"], **{
@@ -122,11 +86,11 @@ def test_server_killed_mid_run_then_back_nothing_lost(tiny_data, tmp_path):
         while "step 2/" not in _log(log):  # training runs and has logged to the server
             assert proc.poll() is None and time.time() - t0 < 240, _log(log)[-3000:]
             time.sleep(0.1)
-        _kill(server)
+        kill_group(server)
         code = proc.wait(timeout=240)
     finally:
-        _kill(proc)
-        _kill(server)
+        kill_group(proc)
+        kill_group(server)
     text = _log(log)
     assert code == TRACKING_PENDING_EXIT_CODE, text[-4000:]
     assert "stopped answering" in text and f"hibert registry sync {run_dir}" in text
@@ -139,7 +103,7 @@ def test_server_killed_mid_run_then_back_nothing_lost(tiny_data, tmp_path):
     assert kinds[-3:] == ["artifacts", "register", "end"] and "metrics" in kinds
 
     # the server comes back on the same store; the job starts again (a requeue) and sends everything
-    server = _serve(tmp_path / "server", port)
+    server = tracking_server(tmp_path / "server", port)
     try:
         out = run_hibert(args, timeout=240)
         assert "already finished" in out.stderr
@@ -155,7 +119,7 @@ def test_server_killed_mid_run_then_back_nothing_lost(tiny_data, tmp_path):
         local = resolve_model("models:/hibert-encoder@open-domain", uri, tmp_path / "pulled")
         assert (local / "encoder.safetensors").read_bytes() == (run_dir / "export" / "encoder.safetensors").read_bytes()
     finally:
-        _kill(server)
+        kill_group(server)
 
 
 def test_registry_sync_sends_a_run_outbox(tmp_path):

@@ -166,7 +166,9 @@ def send(uri: str, ops: list[dict[str, Any]]) -> Any:
     """Deliver one batch of outbox operations (several `metrics` of one run, or one other operation)."""
     c = client(uri)
     op = ops[0]
-    kind, run_id = op["op"], op["run_id"]
+    kind, run_id = op["op"], op.get("run_id")
+    if kind == "evaluation":
+        return _send_evaluation(uri, op)
     if kind == "metrics":
         from mlflow.entities import Metric
 
@@ -189,3 +191,40 @@ def send(uri: str, ops: list[dict[str, Any]]) -> Any:
         c.set_terminated(run_id, status=op["status"])
         return None
     raise ValueError(f"unknown outbox operation {kind!r}")
+
+
+def evaluation_op(outbox: Outbox, experiment: str, run_name: str, tags: dict[str, str], params: dict[str, str],
+                  metrics: dict[str, float], report_dir: Path, table: dict[str, list] | None) -> dict[str, Any]:
+    """A whole `hibert evaluate` MLflow run as one outbox operation: sent at once when the server answers,
+    else kept until `hibert registry sync`. Its `id` makes a resend after a partial one reuse the same run; the
+    per-document `table` waits in a file next to the outbox."""
+    import uuid
+
+    op_id = uuid.uuid4().hex
+    table_path = None
+    if table:
+        table_path = outbox.path.parent / f"evaluation-{op_id}.table.json"
+        table_path.parent.mkdir(parents=True, exist_ok=True)
+        table_path.write_text(json.dumps(table))
+    return {"op": "evaluation", "id": op_id, "experiment": experiment, "run_name": run_name,
+            "tags": tags, "params": params, "metrics": metrics, "timestamp": int(time.time() * 1000),
+            "dir": str(Path(report_dir).resolve()), "table": None if table_path is None else str(table_path.resolve())}
+
+
+def _send_evaluation(uri: str, op: dict[str, Any]) -> str:
+    from mlflow.entities import Metric, Param, RunTag
+
+    c = client(uri)
+    eid = experiment_id(uri, op["experiment"])
+    found = c.search_runs([eid], filter_string=f"tags.hibert_outbox_id = '{op['id']}'", max_results=1)
+    run_id = found[0].info.run_id if found else c.create_run(eid, run_name=op["run_name"]).info.run_id
+    c.log_batch(run_id, metrics=[Metric(k, float(v), op["timestamp"], 0) for k, v in op["metrics"].items()],
+                params=[Param(k, str(v)) for k, v in op["params"].items()],
+                tags=[RunTag(k, str(v)) for k, v in {**op["tags"], "hibert_outbox_id": op["id"]}.items()])
+    c.log_artifacts(run_id, op["dir"], artifact_path="report")
+    if op["table"]:  # per-document ROUGE per system: comparable across runs in the MLflow UI
+        c.log_table(run_id, data=json.loads(Path(op["table"]).read_text()), artifact_file="report/per_document.json")
+    c.set_terminated(run_id, status="FINISHED")
+    if op["table"]:
+        Path(op["table"]).unlink(missing_ok=True)
+    return run_id
