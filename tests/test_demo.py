@@ -38,12 +38,13 @@ def test_demo_pipeline_runs_every_stage_and_reuses_them(tmp_path, repo):
     assert "mlflow models serve -m models:/hibert-abstractive/1 --env-manager local" in out.stdout
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=repo)
     assert again.returncode == 0 and again.stdout.count("reused") >= 12
-    # --seeds: the extractive stage twice more (seeds 1, 2), its evaluation per seed; the encoders are reused
-    seeded = subprocess.run([*cmd, "--seeds", "1,2", "--stages", "finetune,evaluate"], capture_output=True,
+    # --seeds: the extractive stage once more per seed (one seed keeps the test short: the unseeded run is
+    # the other member), its evaluation per seed; the encoders are reused
+    seeded = subprocess.run([*cmd, "--seeds", "1", "--stages", "finetune,evaluate"], capture_output=True,
                             text=True, timeout=600, cwd=repo)
     assert seeded.returncode == 0, seeded.stdout[-4000:] + seeded.stderr[-4000:]
     assert "pretrain-in    reused" in seeded.stdout
-    for stage in ("finetune-seed1", "finetune-seed2", "evaluate-seed1", "evaluate-seed2"):
+    for stage in ("finetune-seed1", "evaluate-seed1"):
         assert f"{stage:<14} done" in seeded.stdout, stage
-    assert (tmp_path / "finetune-seed2" / "report-test" / "report.json").is_file()
-    assert "finetune (hibert-encoder@in-domain), 3 seeds" in seeded.stdout   # the unseeded run + seeds 1, 2
+    assert (tmp_path / "finetune-seed1" / "report-test" / "report.json").is_file()
+    assert "finetune (hibert-encoder@in-domain), 2 seeds" in seeded.stdout   # the unseeded run + seed 1
