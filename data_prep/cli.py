@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--verify", action="store_true",
                    help="check every file of the prepared dataset against its sha256 in the manifest, then exit")
+    g.add_argument("--record-checksums", action="store_true",
+                   help="a dataset prepared before checksums existed: record every file's size and sha256 as it "
+                        "is now (opening and --verify check them from then on), then exit")
 
 
 def verify_dataset(root: Path) -> int:
@@ -43,14 +46,42 @@ def verify_dataset(root: Path) -> int:
     try:
         manifest = json.loads((root / "manifest.json").read_text())
         if not manifest.get("files"):
-            print(f"hibert prep --verify: {root} records no checksums (prepared before they existed): prepare it "
-                  "again to have them", file=sys.stderr)
+            print(f"hibert prep --verify: {root} records no checksums (prepared before they existed): `hibert prep "
+                  f"--record-checksums data.dataset={root}` records them from the files as they are now, or prepare "
+                  "it again", file=sys.stderr)
             return 2
         n = verify(root, manifest, full=True)
     except (OSError, ValueError) as e:  # UserError included: the damaged file, named
         print(f"hibert prep --verify: {e}", file=sys.stderr)
         return 1 if isinstance(e, UserError) else 2
     print(f"{root}: {n} files match their checksums")
+    return 0
+
+
+def record_checksums(root: Path) -> int:
+    """`hibert prep --record-checksums`: the `files` merge would have written, for a dataset merged before
+    checksums existed. It vouches for the files as they are now, not as prep wrote them (the manifest says so)."""
+    import json
+
+    from hibert.data_prep.dataset import MANIFEST, TOKENIZER
+    from hibert.data_prep.integrity import record
+    from hibert.data_prep.plan import write_json
+    from hibert.data_prep.shards import SPLITS
+
+    try:
+        manifest = json.loads((root / MANIFEST).read_text())
+        if not isinstance(manifest, dict):
+            raise ValueError(f"{root / MANIFEST} is not a dataset manifest (a JSON object)")
+        if manifest.get("files"):
+            print(f"{root} already records checksums: `hibert prep --verify` checks them")
+            return 0
+        manifest["files"] = record(root, tuple(s for s in SPLITS if (root / s).is_dir()), TOKENIZER)
+        manifest["files_recorded"] = "after prep, from the files as they were then"
+        write_json(root / MANIFEST, manifest)
+    except (OSError, ValueError) as e:
+        print(f"hibert prep --record-checksums: {e}", file=sys.stderr)
+        return 2
+    print(f"{root}: recorded the checksums of {len(manifest['files'])} files (shard tables counted once)")
     return 0
 
 
@@ -62,6 +93,8 @@ def run(cfg: Any, args: argparse.Namespace) -> int:
     data = cfg.data
     if getattr(args, "verify", False):
         return verify_dataset(Path(data.dataset_dir))
+    if getattr(args, "record_checksums", False):
+        return record_checksums(Path(data.dataset_dir))
     if getattr(args, "stanza_dir", None):
         data.segmenter.kind = "neural"
         data.segmenter.stanza_dir = args.stanza_dir

@@ -7,6 +7,7 @@ in (forked or spawned) DataLoader workers.
 from __future__ import annotations
 
 import json
+import logging
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ import numpy as np
 
 from hibert.data_prep.integrity import shard_files, verify
 from hibert.data_prep.shards import SPLITS, ShardPart, load_array, shard_name
+
+log = logging.getLogger("hibert.data")
 
 OPEN_SHARDS = 64   # shards whose arrays a dataset keeps mapped (least recently read released first)
 
@@ -42,6 +45,9 @@ class DocumentDataset:
         self.manifest: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
         key = (str(self.dir.resolve()), split)
         if key not in _CHECKED:  # the cheap check, once per process and split; shards as they are first read
+            if not self.manifest.get("files") and not any(k[0] == key[0] for k in _CHECKED):  # once per dataset
+                log.warning("%s records no checksums (prepared before they existed): a damaged file would not be "
+                            "found; `hibert prep --record-checksums data.dataset=%s` records them", self.dir, self.dir)
             verify(self.dir, self.manifest, split=split, shards=False)
             _CHECKED[key] = (shard_files(self.manifest, split), set())
         self._shard_check = _CHECKED[key]

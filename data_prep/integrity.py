@@ -9,7 +9,8 @@ and the sha256 of every file whose size or modification time differs from what t
 `.verified.json` per directory, primed by merge, so a fresh dataset costs a few stat calls, and an edited or
 copied file is rehashed). A shard's files are checked the same way when the dataset first reads that shard.
 `hibert prep --verify` rehashes every file (bit rot leaves mtimes alone). Datasets prepared before checksums
-existed have no `files` and are not checked; those whose manifest lists every shard file are checked as listed."""
+existed have no `files`: opening one warns, and `hibert prep --record-checksums` records the files as they are
+then; those whose manifest lists every shard file are checked as listed."""
 from __future__ import annotations
 
 import hashlib

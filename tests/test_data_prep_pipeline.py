@@ -618,6 +618,54 @@ def test_a_dataset_whose_manifest_lists_every_shard_file_is_still_checked(format
             ds[i]
 
 
+def test_a_dataset_without_checksums_warns_and_can_record_them(formats, tmp_path, caplog):
+    """Datasets merged before checksums existed have no `files`: opening one says so (once) and how to add
+    them; `--verify` refuses with the same advice; `--record-checksums` records the files as they are, after
+    which a damaged array is found like in any dataset (and a second call changes nothing)."""
+    import logging
+    import shutil
+
+    from hibert.data_prep import dataset as ds_module
+    from hibert.data_prep.cli import record_checksums, verify_dataset
+    from hibert.errors import UserError
+
+    _, out, _ = formats
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["files"]
+    for table in old.glob("*/shard-*/checksums.json"):
+        table.unlink()
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    ds_module._CHECKED.clear()
+    with caplog.at_level(logging.WARNING, logger="hibert.data"):
+        ds = DocumentDataset(old, "train")
+        DocumentDataset(old, "valid")
+    assert all(len(ds[i]) for i in range(len(ds)))
+    said = [r.getMessage() for r in caplog.records if "records no checksums" in r.getMessage()]
+    assert len(said) == 1 and "hibert prep --record-checksums data.dataset=" in said[0], said
+    assert verify_dataset(old) == 2
+    assert record_checksums(old) == 0
+    recorded = json.loads((old / "manifest.json").read_text())
+    assert recorded["files"] == manifest_files(out) and "after prep" in recorded["files_recorded"]
+    assert record_checksums(old) == 0 and json.loads((old / "manifest.json").read_text()) == recorded
+    assert verify_dataset(old) == 0
+    tokens = next(old.glob("train/shard-*/tokens.npy"))
+    data = bytearray(tokens.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    tokens.write_bytes(bytes(data))
+    assert verify_dataset(old) == 1
+    ds_module._CHECKED.clear()
+    ds = DocumentDataset(old, "train")
+    with pytest.raises(UserError, match="does not match its checksum"):
+        for i in range(len(ds)):
+            ds[i]
+
+
+def manifest_files(root: Path) -> dict:
+    return json.loads((root / "manifest.json").read_text())["files"]
+
+
 def test_prep_on_a_full_disk_is_one_line_and_a_rerun_completes(tmp_path, small_disk):
     """Prep whose output fills its disk: one line naming where and the free space, exit 1, no traceback;
     with space again the same command completes and writes what a prep with space all along writes."""

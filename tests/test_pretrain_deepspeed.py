@@ -1,6 +1,8 @@
 """`hibert pretrain` for real: DeepSpeed ZeRO on 2 CPU ranks (gloo), checkpoints, resume, preemption,
 registry stages. Every multi-process step has a hard timeout."""
+import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -240,7 +242,8 @@ def test_a_hung_or_killed_rank_ends_the_job_in_bounded_time(tiny_data, tmp_path,
 def test_a_full_disk_refuses_the_checkpoint_keeps_the_previous_and_resumes(tiny_data, tmp_path, reference_run,
                                                                            small_disk):
     """A checkpoint that cannot fit is refused on every rank before a byte is written (one line naming the
-    space and the checkpoint kept); once space is freed the run resumes and ends as the uninterrupted one."""
+    space and the checkpoint kept); then an export that cannot fit leaves no partial export and the final
+    checkpoint; once space is freed the run resumes, exports and ends as the uninterrupted one."""
     small_disk.resize("14m")  # two tags of this model (~5.5 MB each), not a third
     args = ["pretrain", *tiny_train_overrides(small_disk.path, "ref", tiny_data["open"], **{
         "schedule.max_steps": 8, "tracking.uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}),
@@ -252,10 +255,21 @@ def test_a_full_disk_refuses_the_checkpoint_keeps_the_previous_and_resumes(tiny_
     ckpt = small_disk.path / "ref" / "checkpoints"
     assert sorted(p.parent.name for p in ckpt.glob("step_*/COMPLETE.json")) == ["step_000000002", "step_000000004"]
     assert not (ckpt / "step_000000006").exists()
+    # room for the two remaining tags and ~0.4 MB more: training ends, the export (~1.4 MB) cannot fit
+    tag = sum(f.stat().st_blocks * 512 for f in (ckpt / "step_000000004").rglob("*") if f.is_file())
+    small_disk.resize(f"{(shutil.disk_usage(small_disk.path).used + 2 * tag + 400_000) // 1024}k")
+    out = run_hibert(args, timeout=300, check=False)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert out.stderr.count("no space left on device for the export") == 2, out.stderr[-3000:]  # both ranks
+    assert "final checkpoint (step 8) is complete" in out.stderr and "Traceback" not in out.stderr
+    assert (ckpt / "step_000000008" / "COMPLETE.json").is_file()
+    assert not (small_disk.path / "ref" / "export").exists()  # no half-written model where one is looked for
+    assert not (small_disk.path / "ref" / "export.partial").exists()  # its space given back
     small_disk.resize("64m")
     out = run_hibert(args, timeout=300)
     assert "resumed from" in out.stderr
     assert_same(encoder_weights(reference_run), encoder_weights(small_disk.path / "ref"))
+    assert json.loads((small_disk.path / "ref" / "export" / "registry.json").read_text())["version"]
 
 
 def test_a_second_run_on_the_same_directory_refuses_on_every_rank(tiny_data, tmp_path):

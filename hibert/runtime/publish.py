@@ -1,15 +1,19 @@
 """The end of a run: export the selected weights (safetensors + configs + tokenizer + provenance), log them
 to MLflow and register them. Refuses a run that took no optimizer step: an untrained model must never
-land in the registry under a stage alias."""
+land in the registry under a stage alias. The export is written beside its place and renamed into it, so
+`<run dir>/export` is either absent or complete (a full disk mid-export leaves no half-written model)."""
 from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from hibert.config import config_hash
+from hibert.errors import DiskFull, disk_full, free_mb
 from hibert.redact import redact_uri
 from hibert.runtime.export import write_export
 from hibert.runtime.tracking import git_commit
@@ -26,35 +30,60 @@ def publish(trainer, step: int, metrics: dict[str, float]) -> tuple[Path, str | 
     if step <= 0:
         raise NothingTrained(f"no optimizer step was taken ({len(trainer.train_data)} training documents, "
                              f"schedule.epochs={trainer.cfg.schedule.epochs}); nothing is exported or registered")
-    cfg, task, rt = trainer.cfg, trainer.task, trainer.rt
-    full, steps = trainer.validator.selected_weights()
+    rt = trainer.rt
     out = trainer.run_dir / "export"
-    version = None
+    selected = trainer.validator.selected_weights()  # collective under ZeRO-3
+    version, verdict = None, [None]
     if rt.is_main:
-        p = trainer.encoder_prefix
-        encoder = {k[len(p):]: v for k, v in full.items() if k.startswith(p)}
-        meta = {"stage": cfg.run.stage, "task": task.name, "step": step,
-                "selected_steps": steps, "selection_metric": task.eval_metric,
-                "init": redact_uri(cfg.run.init) if cfg.run.init else None,
-                "dataset_manifest": trainer.manifest_hash(),
-                "config_hash": config_hash(cfg), "git_commit": git_commit(),
-                "world_size": rt.world_size, "metrics": metrics,
-                "mlflow_run_id": trainer.tracker.run_id, "data": trainer.data_settings()}
-        write_export(out, encoder, task.model_config(), trainer.train_data.tokenizer_path, meta)
-        task.write_export_extras(out, full)
-        task.write_export_flavors(out)
-        trainer.tracker.artifacts(out, "export")
-        pending = False
-        if cfg.tracking.register_model and trainer.tracker.run_id:
-            alias = task.registry_alias(cfg)
-            version = trainer.tracker.register(
-                "export", task.registry_name(cfg), alias,
-                tags={"stage": cfg.run.stage, "dataset_manifest": meta["dataset_manifest"],
-                      "git_commit": meta["git_commit"], "world_size": str(rt.world_size), "step": str(step)},
-                also=cfg.tracking.also_aliases, registry_json=out / "registry.json")
-            pending = version is None  # waits in the run's outbox (tracking server away)
-        (out / "registry.json").write_text(json.dumps({"version": version, "uri": redact_uri(trainer.tracker.uri),
-                                                       **({"pending": True} if pending else {})}))
-    if dist.is_initialized():
-        dist.barrier()
+        try:
+            version = _export_and_register(trainer, step, metrics, out, selected)
+        except Exception as e:  # safetensors' SafetensorError is neither OSError nor RuntimeError
+            if not disk_full(e):
+                raise
+            verdict = [f"no space left on device for the export in {out.parent} ({free_mb(out.parent)}); the "
+                       f"final checkpoint (step {step}) is complete: free space and start the run again, it "
+                       "exports and registers without training again"]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(verdict, src=0)  # every rank leaves with the same line, none waits
+    if verdict[0]:
+        raise DiskFull(verdict[0])
     return out, version
+
+
+def _export_and_register(trainer, step: int, metrics: dict[str, float], out: Path,
+                         selected: tuple[dict[str, torch.Tensor], list[int]]) -> str | None:
+    cfg, task = trainer.cfg, trainer.task
+    full, steps = selected
+    p = trainer.encoder_prefix
+    encoder = {k[len(p):]: v for k, v in full.items() if k.startswith(p)}
+    meta = {"stage": cfg.run.stage, "task": task.name, "step": step,
+            "selected_steps": steps, "selection_metric": task.eval_metric,
+            "init": redact_uri(cfg.run.init) if cfg.run.init else None,
+            "dataset_manifest": trainer.manifest_hash(),
+            "config_hash": config_hash(cfg), "git_commit": git_commit(),
+            "world_size": trainer.rt.world_size, "metrics": metrics,
+            "mlflow_run_id": trainer.tracker.run_id, "data": trainer.data_settings()}
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)  # what a full disk or a kill left last time
+    try:
+        write_export(partial, encoder, task.model_config(), trainer.train_data.tokenizer_path, meta)
+        task.write_export_extras(partial, full)
+        task.write_export_flavors(partial)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)  # give the space back; the checkpoints hold the weights
+        raise
+    if out.exists():  # an earlier complete export of this run (its registration did not finish)
+        shutil.rmtree(out)
+    partial.rename(out)
+    trainer.tracker.artifacts(out, "export")
+    version, pending = None, False
+    if cfg.tracking.register_model and trainer.tracker.run_id:
+        version = trainer.tracker.register(
+            "export", task.registry_name(cfg), task.registry_alias(cfg),
+            tags={"stage": cfg.run.stage, "dataset_manifest": meta["dataset_manifest"],
+                  "git_commit": meta["git_commit"], "world_size": str(trainer.rt.world_size), "step": str(step)},
+            also=cfg.tracking.also_aliases, registry_json=out / "registry.json")
+        pending = version is None  # waits in the run's outbox (tracking server away)
+    (out / "registry.json").write_text(json.dumps({"version": version, "uri": redact_uri(trainer.tracker.uri),
+                                                   **({"pending": True} if pending else {})}))
+    return version
