@@ -9,17 +9,24 @@ Reuters and CNN/DM sentences resampled) at each --sizes, then
     epoch, to read the first micro-batch's documents, to read the documents of a micro-batch in the middle of
     the epoch (what a resume does), and the process's RSS after that.
 
+  * across nodes (--slurm-size, on the local two-node Slurm cluster of .ci/slurm_up.sh): `hibert submit` of the
+    prep array (--slurm-shards tasks, one CPU each) and its merge, timed from submission to the merged
+    manifest, then one local process preparing the same plan; the two datasets must be byte-identical (the
+    sha256 of every file the manifest records, and the manifest less its timings).
+
 Targets (the issue's): words/s/core at the largest size within 15% of the smallest; peak RSS at the largest
 <= 1.2x the second largest; open and resume <= 1 s at the largest shard count; merge time linear in shards.
 The tokenizer is trained once on the smallest corpus (timed apart) and reused. Results JSON with the machine.
 
     python benchmarks/bench_scale.py                                  # 10MB, 100MB; 10, 100, 1000 shards
     python benchmarks/bench_scale.py --sizes 10MB,100MB,1GB --shard-counts 10,1000,10000
+    python benchmarks/bench_scale.py --sizes 100MB --skip prep,loader --slurm-size 100MB  # needs the cluster
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import resource
 import subprocess
 import sys
@@ -107,6 +114,55 @@ def prep_run(rec: Path, out: Path, workers: int, shards: int | None, words: int)
             "bytes_per_token": dir_bytes(out / "train") / max(1, counts["tokens"])}
 
 
+def dataset_content(root: Path) -> dict:
+    """What must be identical between two preparations of one plan: the manifest less when and how long, whose
+    `files` hold the sha256 of every file a reader uses (each shard's arrays through its checksums.json)."""
+    manifest = json.loads((root / "manifest.json").read_text())
+    for key in ("created", "merge_seconds", "shard_seconds"):
+        manifest.pop(key, None)
+    return manifest
+
+
+def job_records(job: str) -> list[dict[str, str]]:
+    """`scontrol show job -o` as one dict per record (one per array task); [] once Slurm forgot the job."""
+    out = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True)
+    return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in out.stdout.splitlines() if line.strip()]
+
+
+def slurm_prep(rec: Path, work: Path, size: str, shards: int, words: int) -> dict:
+    """The prep array over the local cluster's nodes + its merge, against one local process."""
+    if subprocess.run(["sinfo", "-h"], capture_output=True).returncode != 0:
+        raise SystemExit("--slurm-size needs the local Slurm cluster: run .ci/slurm_up.sh (as root) first")
+    out, jobs_dir = work / f"slurm-{size}", work / f"slurm-{size}-jobs"
+    t0 = time.time()
+    run([*HIBERT, "submit", rec, "--stages", "prep,prep-merge", "--out-dir", jobs_dir, f"data.output={out}",
+         f"slurm.prep_shards={shards}", "slurm.cpus_per_task=1", "slurm.nodes=1", "slurm.time=02:00:00"])
+    ids = json.loads((jobs_dir / "jobs.json").read_text())["jobs"]
+    hosts: dict[str, str] = {}
+    while True:
+        recs = {name: job_records(job) for name, job in ids.items()}
+        hosts.update({r["JobId"]: r["BatchHost"] for r in recs["prep"] if r.get("BatchHost", "(null)") != "(null)"})
+        states = [r.get("JobState") for rs in recs.values() for r in rs]
+        if any(s in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY") for s in states):
+            raise SystemExit(f"a Slurm job of the prep failed: {states}; logs in {jobs_dir}")
+        if all(s == "COMPLETED" for s in states) or not recs["prep-merge"]:
+            break
+        time.sleep(1)
+    wall = time.time() - t0
+    if not (out / "manifest.json").is_file():
+        raise SystemExit(f"the merge wrote no manifest in {out}; logs in {jobs_dir}")
+    local = work / f"local-{size}"
+    local_wall, local_rss = wrapped([*HIBERT, "prep", rec, f"data.output={local}", "--workers", 1,
+                                     "--num-shards", shards, "--no-progress"])
+    identical = dataset_content(out) == dataset_content(local)
+    row = {"size": size, "shards": shards, "nodes": sorted(set(hosts.values())), "wall_s": wall,
+           "words_per_s": words / wall, "local_one_process_s": local_wall, "local_peak_rss_mb": local_rss,
+           "speedup_over_one_process": local_wall / wall, "byte_identical": identical,
+           "files_compared": len(dataset_content(out)["files"])}
+    subprocess.run(["rm", "-rf", str(out), str(local)])
+    return row
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="10MB,100MB")
@@ -115,6 +171,9 @@ def main() -> int:
     p.add_argument("--prep-shards", type=int, default=None,
                    help="shards of the prep runs (default: prep's own, one per data.shard_size_mb of input)")
     p.add_argument("--skip", default="", help="comma list of prep,loader to leave out")
+    p.add_argument("--slurm-size", default=None,
+                   help="one of --sizes: also prepare it as a Slurm array over the local cluster's nodes + merge")
+    p.add_argument("--slurm-shards", type=int, default=2, help="array tasks (shards) of the --slurm-size run")
     p.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temporary one)")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "bench_scale_cpu.json")
     args = p.parse_args()
@@ -151,6 +210,17 @@ def main() -> int:
                   f"peak RSS {row['peak_rss_mb']:.0f} MB, merge {row['merge_s']:.1f} s", flush=True)
             subprocess.run(["rm", "-rf", str(work / f"prep-{size}-{w}")])
 
+    if args.slurm_size:
+        row = slurm_prep(recipe(work, corpora[args.slurm_size], tokenizer), work, args.slurm_size,
+                         args.slurm_shards, result["sizes"][args.slurm_size]["corpus"]["words"])
+        result["nodes"] = row
+        print(f"[scale] {args.slurm_size} as a {row['shards']}-task Slurm array on {','.join(row['nodes'])} + merge: "
+              f"{row['wall_s']:.0f} s from submission (one local process: {row['local_one_process_s']:.0f} s); "
+              f"byte-identical: {row['byte_identical']} ({row['files_compared']} files)", flush=True)
+        if not row["byte_identical"]:
+            write_results(args.out, result)
+            raise SystemExit("the Slurm array's dataset differs from the one-process dataset")
+
     # the loader's corpus: the smallest size in at least as many files as the largest shard count. A shard that
     # reads a part of a file reads the whole file (gzip does not seek), so one file in 10,000 parts would be
     # read 10,000 times; Gigaword itself comes in ~1,000 monthly files.
@@ -185,6 +255,11 @@ def main() -> int:
     for n, r in result["loader"].items():
         print(f"{n:>7} {r['chunks']:>8} {r['open_s']:>8.3f} {r['plan_s']:>8.3f} {r['first_batch_s']:>8.3f} "
               f"{r['resume_batch_s']:>9.3f} {r['prep']['merge_s']:>8.1f} {r['rss_mb']:>7.0f}")
+    if "nodes" in result:
+        r = result["nodes"]
+        print(f"\nacross nodes: {r['size']} in {r['shards']} shards on {','.join(r['nodes'])}: {r['wall_s']:.0f} s from "
+              f"submission to the merged manifest, one local process {r['local_one_process_s']:.0f} s; "
+              f"byte-identical {r['byte_identical']}")
     first, last = sizes[0], sizes[-1]
     w1 = lambda s: next(r for r in result["sizes"][s]["prep"] if r["workers"] == workers[0])  # noqa: E731
     if "prep" not in skip:

@@ -52,12 +52,12 @@ def load_array(path: Path) -> np.ndarray:
 
 
 _HEADER = 128  # bytes np.save writes before the data of a 1-2 dimensional array (magic, version, dict, padding)
-_FLUSH = 1 << 20  # elements a streamed column buffers before it appends them to its file
+_FLUSH = 1 << 20  # bytes a streamed column buffers before it appends them to its file
 
 
 class _Column:
     """An append-only array: kept in memory, or, given a path, streamed to that .npy file as it grows (only
-    the last < _FLUSH elements are held) and given its header at `save`: the same bytes np.save writes."""
+    the last < _FLUSH bytes are held) and given its header at `save`: the same bytes np.save writes."""
 
     def __init__(self, typecode: str, dtype: str, path: Path | None = None, first: int | None = None) -> None:
         self.typecode, self.dtype, self.path = typecode, np.dtype(dtype), path
@@ -74,7 +74,7 @@ class _Column:
 
     def append(self, value) -> None:
         self.buf.append(value)
-        if self.file is not None and len(self.buf) >= _FLUSH:
+        if self.file is not None and len(self.buf) * self.buf.itemsize >= _FLUSH:
             self._flush()
 
     def extend(self, values) -> None:
@@ -82,7 +82,7 @@ class _Column:
             self.buf.frombytes(values)
         else:
             self.buf.extend(values)
-        if self.file is not None and len(self.buf) >= _FLUSH:
+        if self.file is not None and len(self.buf) * self.buf.itemsize >= _FLUSH:
             self._flush()
 
     def _flush(self) -> None:
@@ -111,9 +111,9 @@ class _Column:
 class _Strings:
     """Strings as one UTF-8 byte column plus offsets."""
 
-    def __init__(self, data_path: Path | None = None) -> None:
+    def __init__(self, data_path: Path | None = None, offsets_path: Path | None = None) -> None:
         self.data = _Column("B", "uint8", data_path)
-        self.offsets = _Column("q", "int64", first=0)
+        self.offsets = _Column("q", "int64", offsets_path, first=0)
 
     def add(self, s: str) -> None:
         self.data.extend(s.encode("utf-8"))
@@ -132,8 +132,8 @@ class _Sentences:
         stream = lambda name: None if directory is None else directory / f"{prefix}{name}.npy"  # noqa: E731
         self.prefix = prefix
         self.tokens = _Column("i", "int32", stream("tokens"))
-        self.offsets = _Column("q", "int64", first=0)
-        self.text = _Strings(stream("text"))
+        self.offsets = _Column("q", "int64", stream("sent_offsets"), first=0)
+        self.text = _Strings(stream("text"), stream("text_offsets"))
 
     def add(self, ids: list[int], text: str) -> None:
         self.tokens.extend(ids)
@@ -152,8 +152,9 @@ class _Sentences:
 
 class SplitWriter:
     """Collects one split of one shard. Given its `directory`, it streams the bulk of it — sentence tokens and
-    text, summary tokens and text — to their files as documents arrive, so a process holds only per-sentence
-    offsets and per-document fields, not the shard (a 128 MB shard of input is ~250 MB of tokens and text);
+    text and their offsets, summary tokens and text — to their files as documents arrive, so a process holds
+    per-document fields and a byte per sentence (its label), not the shard (a 128 MB shard of input is ~250 MB
+    of tokens and text and ~15 MB of offsets);
     `write` completes the directory. Without one it keeps everything in memory until `write`."""
 
     def __init__(self, clusters: bool = False, directory: Path | None = None) -> None:

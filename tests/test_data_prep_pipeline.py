@@ -151,8 +151,9 @@ def test_random_access_returns_exactly_what_was_written(formats):
 
 
 def test_shard_arrays_round_trip(tmp_path, monkeypatch):
-    """A writer that streams its tokens and text to the shard directory as documents arrive (flushing every
-    5 elements here) writes the same bytes as one that holds everything until the end, and they read back."""
+    """A writer that streams its tokens, text and their offsets to the shard directory as documents arrive
+    (flushing every 5 bytes here: each int64 offset alone) writes the same bytes as one that holds everything
+    until the end, and they read back."""
     from hibert.data_prep import shards
 
     monkeypatch.setattr(shards, "_FLUSH", 5)
