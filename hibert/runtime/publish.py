@@ -40,7 +40,8 @@ def publish(trainer, step: int, metrics: dict[str, float]) -> tuple[Path, str | 
         except Exception as e:  # safetensors' SafetensorError is neither OSError nor RuntimeError
             if not disk_full(e):
                 raise
-            verdict = [f"no space left on device for the export in {out.parent} ({free_mb(out.parent)}); the "
+            where = getattr(e, "filename", None) or out.parent  # the export, or the artifact store it is copied to
+            verdict = [f"no space left on device for the export (writing under {where}, {free_mb(where)}); the "
                        f"final checkpoint (step {step}) is complete: free space and start the run again, it "
                        "exports and registers without training again"]
     if dist.is_initialized() and dist.get_world_size() > 1:
