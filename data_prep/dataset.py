@@ -28,6 +28,20 @@ _CHECKED: dict[tuple[str, str], tuple[dict[str, dict[str, Any]], set[int]]] = {}
 TOKENIZER = "tokenizer.model"
 
 
+# What a dataset keeps of its manifest once the files are checked: not the records that grow with the shard and
+# input-file counts (checksums, per-file source counts, per-shard timings and lists: 17 MB of Python objects at
+# 10,000 shards, kept by every DataLoader worker); readers need the summary (kind, synthetic, counts, settings).
+_PER_FILE_AND_SHARD = ("files", "sources", "shard_seconds")
+
+
+def _summary(manifest: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in manifest.items() if k not in _PER_FILE_AND_SHARD}
+    if isinstance(out.get("splits"), dict):
+        out["splits"] = {name: {k: v for k, v in split.items() if k != "shards"} if isinstance(split, dict) else split
+                         for name, split in out["splits"].items()}
+    return out
+
+
 class DocumentDataset:
     """Item i = one document chunk: its sentences as int32 token-id arrays (no specials).
 
@@ -51,6 +65,7 @@ class DocumentDataset:
             verify(self.dir, self.manifest, split=split, shards=False)
             _CHECKED[key] = (shard_files(self.manifest, split), set())
         self._shard_check = _CHECKED[key]
+        self.manifest = _summary(self.manifest)
         self.tokenizer_path = self.dir / TOKENIZER
         d = self.dir / split
         self._index = load_array(d / "index.npy")                  # [N, 2]: shard, chunk within the shard
