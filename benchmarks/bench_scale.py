@@ -126,6 +126,8 @@ def dataset_content(root: Path) -> dict:
 def job_records(job: str) -> list[dict[str, str]]:
     """`scontrol show job -o` as one dict per record (one per array task); [] once Slurm forgot the job."""
     out = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True)
+    if out.returncode != 0 and "Invalid job id" not in out.stderr:
+        raise SystemExit(f"scontrol show job {job}: {out.stderr.strip()}")
     return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in out.stdout.splitlines() if line.strip()]
 
 
@@ -139,11 +141,16 @@ def slurm_prep(rec: Path, work: Path, size: str, shards: int, words: int) -> dic
          f"slurm.prep_shards={shards}", "slurm.cpus_per_task=1", "slurm.nodes=1", "slurm.time=02:00:00"])
     ids = json.loads((jobs_dir / "jobs.json").read_text())["jobs"]
     hosts: dict[str, str] = {}
+    deadline = time.time() + 7200  # slurm.time of the jobs
     while True:
+        if time.time() > deadline:
+            raise SystemExit(f"the Slurm prep did not finish within 2 h; jobs {ids}, logs in {jobs_dir}")
         recs = {name: job_records(job) for name, job in ids.items()}
         hosts.update({r["JobId"]: r["BatchHost"] for r in recs["prep"] if r.get("BatchHost", "(null)") != "(null)"})
         states = [r.get("JobState") for rs in recs.values() for r in rs]
-        if any(s in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY") for s in states):
+        if any(s in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+                     "PREEMPTED") for s in states) or any(r.get("Reason") == "DependencyNeverSatisfied"
+                                                          for rs in recs.values() for r in rs):
             raise SystemExit(f"a Slurm job of the prep failed: {states}; logs in {jobs_dir}")
         if all(s == "COMPLETED" for s in states) or not recs["prep-merge"]:
             break
@@ -178,6 +185,8 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "bench_scale_cpu.json")
     args = p.parse_args()
     sizes = [s.strip() for s in args.sizes.split(",")]
+    if args.slurm_size and args.slurm_size not in sizes:
+        p.error(f"--slurm-size {args.slurm_size} must be one of --sizes ({args.sizes})")
     workers = [int(w) for w in args.workers.split(",")]
     tmp = tempfile.TemporaryDirectory(prefix="bench-scale-") if args.work is None else None
     work = Path(tmp.name) if tmp else args.work

@@ -10,7 +10,8 @@ and the sha256 of every file whose size or modification time differs from what t
 copied file is rehashed). A shard's files are checked the same way when the dataset first reads that shard.
 `hibert prep --verify` rehashes every file (bit rot leaves mtimes alone). Datasets prepared before checksums
 existed have no `files`: opening one warns, and `hibert prep --record-checksums` records the files as they are
-then; those whose manifest lists every shard file are checked as listed."""
+then (the manifest changes, and with it the dataset hash that exports and MLflow tags record); those whose
+manifest lists every shard file are checked as listed."""
 from __future__ import annotations
 
 import hashlib

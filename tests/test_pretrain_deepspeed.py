@@ -265,11 +265,30 @@ def test_a_full_disk_refuses_the_checkpoint_keeps_the_previous_and_resumes(tiny_
     assert (ckpt / "step_000000008" / "COMPLETE.json").is_file()
     assert not (small_disk.path / "ref" / "export").exists()  # no half-written model where one is looked for
     assert not (small_disk.path / "ref" / "export.partial").exists()  # its space given back
+    final_tag = {f.name: f.stat().st_mtime_ns for f in (ckpt / "step_000000008").rglob("*")}
     small_disk.resize("64m")
     out = run_hibert(args, timeout=300)
     assert "resumed from" in out.stderr
+    # the rerun only publishes: the complete final tag is not evaluated or written again
+    assert {f.name: f.stat().st_mtime_ns for f in (ckpt / "step_000000008").rglob("*")} == final_tag
     assert_same(encoder_weights(reference_run), encoder_weights(small_disk.path / "ref"))
     assert json.loads((small_disk.path / "ref" / "export" / "registry.json").read_text())["version"]
+
+
+def test_an_export_that_fails_otherwise_stops_every_rank_at_once(tiny_data, tmp_path):
+    """rank 0's export failing for another reason than space (here a file where export/ goes): rank 0 shows its
+    error, the other rank learns it from rank 0 (one broadcast) and says so in one line, instead of waiting in
+    a collective for run.collective_timeout_s."""
+    (tmp_path / "blocked").mkdir()
+    (tmp_path / "blocked" / "export").write_text("not a directory")
+    args = ["pretrain", *tiny_train_overrides(tmp_path, "blocked", tiny_data["open"], **{
+        "schedule.max_steps": 2, "run.collective_timeout_s": 600, "tracking.register_model": "false"}),
+            "--stage", "open-domain", "--nproc", "2"]
+    t0 = time.time()
+    out = run_hibert(args, timeout=300, check=False)
+    assert out.returncode != 0 and time.time() - t0 < 120, out.stderr[-3000:]
+    assert "rank 1 lost its peers in a collective (rank 0 failed while exporting (NotADirectoryError" in out.stderr
+    assert not (tmp_path / "blocked" / "export.partial").exists()
 
 
 def test_a_second_run_on_the_same_directory_refuses_on_every_rank(tiny_data, tmp_path):

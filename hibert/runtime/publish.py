@@ -25,6 +25,10 @@ class NothingTrained(RuntimeError):
     """The run reached its end without one optimizer step (empty data, or resumed past its horizon)."""
 
 
+class PeerFailed(RuntimeError):
+    """Another rank failed in a step every rank takes part in (rank 0's export): this rank stops too."""
+
+
 def publish(trainer, step: int, metrics: dict[str, float]) -> tuple[Path, str | None]:
     """Collective. Export and (rank 0) register; returns the export dir and the registered version."""
     if step <= 0:
@@ -33,21 +37,29 @@ def publish(trainer, step: int, metrics: dict[str, float]) -> tuple[Path, str | 
     rt = trainer.rt
     out = trainer.run_dir / "export"
     selected = trainer.validator.selected_weights()  # collective under ZeRO-3
-    version, verdict = None, [None]
+    version, verdict, error = None, [None], None
     if rt.is_main:
         try:
             version = _export_and_register(trainer, step, metrics, out, selected)
         except Exception as e:  # safetensors' SafetensorError is neither OSError nor RuntimeError
-            if not disk_full(e):
-                raise
-            where = getattr(e, "filename", None) or out.parent  # the export, or the artifact store it is copied to
-            verdict = [f"no space left on device for the export (writing under {where}, {free_mb(where)}); the "
-                       f"final checkpoint (step {step}) is complete: free space and start the run again, it "
-                       "exports and registers without training again"]
+            error = e
+            if disk_full(e):
+                where = getattr(e, "filename", None) or out.parent
+                verdict = [("full", f"no space left on device for the export (writing under {where}, "
+                                    f"{free_mb(where)}); the final checkpoint (step {step}) is complete: free space "
+                                    "and start the run again, it exports and registers without training again")]
+            else:
+                verdict = [("failed", f"rank 0 failed while exporting ({type(e).__name__}: "
+                                      f"{str(e).splitlines()[0][:200] if str(e) else ''}); see its log")]
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(verdict, src=0)  # every rank leaves with the same line, none waits
-    if verdict[0]:
-        raise DiskFull(verdict[0])
+        dist.broadcast_object_list(verdict, src=0)  # every rank learns how it ended: none waits for a timeout
+    if verdict[0] is not None:
+        kind, message = verdict[0]
+        if kind == "full":
+            raise DiskFull(message)
+        if error is not None:
+            raise error
+        raise PeerFailed(message)
     return out, version
 
 
@@ -66,16 +78,17 @@ def _export_and_register(trainer, step: int, metrics: dict[str, float], out: Pat
             "mlflow_run_id": trainer.tracker.run_id, "data": trainer.data_settings()}
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)  # what a full disk or a kill left last time
+    # an `export/` here was never registered (a registered run returns before publishing again): its space
+    # goes to the new one rather than both having to fit
+    shutil.rmtree(out, ignore_errors=True)
     try:
         write_export(partial, encoder, task.model_config(), trainer.train_data.tokenizer_path, meta)
         task.write_export_extras(partial, full)
         task.write_export_flavors(partial)
+        partial.rename(out)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)  # give the space back; the checkpoints hold the weights
         raise
-    if out.exists():  # an earlier complete export of this run (its registration did not finish)
-        shutil.rmtree(out)
-    partial.rename(out)
     trainer.tracker.artifacts(out, "export")
     version, pending = None, False
     if cfg.tracking.register_model and trainer.tracker.run_id:

@@ -36,7 +36,7 @@ from hibert.runtime.engine import init_distributed
 from hibert.runtime.export import read_export
 from hibert.runtime.launch import launch_local
 from hibert.runtime.outbox import OUTBOX
-from hibert.runtime.publish import NothingTrained
+from hibert.runtime.publish import NothingTrained, PeerFailed
 from hibert.runtime.task import LoaderItem, ParamGroup, Task
 from hibert.runtime.trainer import Trainer
 from hibert.runtime.writer_lock import claim_run_dir
@@ -150,7 +150,7 @@ PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pi
 
 
 def peer_lost(e: BaseException) -> bool:
-    return isinstance(e, getattr(dist, "DistError", ())) or any(m in str(e) for m in PEER_LOST)
+    return (isinstance(e, (PeerFailed, getattr(dist, "DistError", ()))) or any(m in str(e) for m in PEER_LOST))
 
 
 def run_task(cfg: Config, inputs: RunInputs, task: Task, command: str) -> int:

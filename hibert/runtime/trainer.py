@@ -288,9 +288,14 @@ class Trainer:
                                 self.flag.signal_name or "a peer rank", step)
                 self.tracker.end("KILLED")
                 return TrainResult(status, step, None, self.validator.last)
-            metrics = self.validator.final(step)
-            self.state["finished"] = True
-            self.checkpointer.save(self.engine, step, self.state, force=True)  # marks the run finished
+            if self.state.get("finished") and "final_metrics" in self.state:
+                # finished earlier, its export did not complete (a full disk): publish only — evaluating or
+                # saving the final checkpoint again would re-count it among the best and rewrite a complete tag
+                metrics = self.state["final_metrics"]
+            else:
+                metrics = self.validator.final(step)
+                self.state["finished"], self.state["final_metrics"] = True, metrics
+                self.checkpointer.save(self.engine, step, self.state, force=True)  # marks the run finished
             export_dir, version = publish(self, step, metrics)
             self.tracker.end()
             left = self._send_outbox()
