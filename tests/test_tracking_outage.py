@@ -146,3 +146,28 @@ def test_registry_sync_sends_a_run_outbox(tmp_path):
         (s, 4.0 - s, 1_700_000_000_000 + s) for s in (1, 2, 3)]
     assert client(uri).get_run(run_id).info.status == "FINISHED"
     assert "nothing to send" in run_hibert(["registry", "sync", cfg.run_dir]).stdout
+
+
+def test_a_full_artifact_store_stops_the_export_instead_of_registering_a_partial_copy(tmp_path, small_disk):
+    """Uploading the export into a local store's artifact directory that fills up raises (the caller's one-line
+    full-disk error) instead of being filed as "refused" and followed by a registration of a partial copy."""
+    import os
+
+    from hibert.config import load_config
+    from hibert.errors import disk_full
+    from hibert.runtime.tracking import Tracker
+
+    small_disk.resize("8m")
+    uri = f"sqlite:///{small_disk.path / 'mlflow.db'}"   # artifacts go next to it: <disk>/mlartifacts
+    cfg = load_config(None, [f"tracking.uri={uri}", f"run.output_dir={tmp_path}", "run.name=full"])
+    tracker = Tracker(cfg, enabled=True)
+    tracker.start(None, {"stage": "none"})
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "encoder.safetensors").write_bytes(os.urandom(3_000_000))
+    used = os.statvfs(small_disk.path)
+    small_disk.resize(f"{((used.f_blocks - used.f_bfree) * used.f_frsize + 1_000_000) // 1024}k")
+    with pytest.raises(Exception) as e:
+        tracker.artifacts(export, "export")
+    assert disk_full(e.value)
+    assert tracker.rejected() == 0 and not Outbox(cfg.run_dir).path.exists()

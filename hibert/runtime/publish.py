@@ -44,7 +44,8 @@ def publish(trainer, step: int, metrics: dict[str, float]) -> tuple[Path, str | 
         except Exception as e:  # safetensors' SafetensorError is neither OSError nor RuntimeError
             error = e
             if disk_full(e):
-                where = getattr(e, "filename", None) or out.parent
+                # a copy's error names source then destination: where it was writing is the destination
+                where = getattr(e, "filename2", None) or getattr(e, "filename", None) or out.parent
                 verdict = [("full", f"no space left on device for the export (writing under {where}, "
                                     f"{free_mb(where)}); the final checkpoint (step {step}) is complete: free space "
                                     "and start the run again, it exports and registers without training again")]

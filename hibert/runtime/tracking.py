@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hibert.config import Config, config_to_dict
+from hibert.errors import disk_full
 from hibert.redact import redact_config_dict, redact_uri
 from hibert.registry import client, experiment_id, reachable, register_artifact_dir, tracking_uri
 from hibert.runtime.outbox import Outbox, drain
@@ -141,6 +142,9 @@ class Tracker:
         try:
             return send(self.uri, [op])
         except Exception as e:  # noqa: BLE001 - MLflow raises many kinds; reachability decides
+            if op["op"] in ("artifacts", "register") and disk_full(e):
+                # a full artifact store: registering now would point a version at a partial copy
+                raise
             self.outbox.append(op)
             if drain(self.outbox, lambda ops: send(self.uri, ops), self._reachable) == 0:
                 # the server answers: sent on the retry, or refused (kept in outbox.rejected.jsonl, warned)
