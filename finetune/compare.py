@@ -8,6 +8,9 @@ table gives the spread of its per-seed means (mean ± sd), and the paired test r
 The first system is the reference: every other one is paired with it over the documents all their reports
 hold (by document id), F1 of ROUGE-1/2/L/Lsum, difference with its 95% CI, a two-sided p-value and what the
 interval allows one to say ("no measurable difference" where it crosses 0).
+Unit-ranking reports (`finetune.task=ranker`) are paired the same way per cluster, on their ROUGE-L recall of
+the top L' units at every cut (`recall@5` ...); their rows are `ranker` (default), `tfidf`, `document_order`,
+`oracle`. Every system of one comparison must be of the same kind.
 """
 from __future__ import annotations
 
@@ -40,12 +43,25 @@ def load_system(item: str, split: str) -> tuple[str, dict[str, Any], list[str]]:
     where = Path(path).resolve()
     where = where.parent if where.suffix == ".json" else where
     label = where.parent.name if where.name.startswith("report-") else where.name  # the run's name
-    system = system or "model"
-    per_doc = report.get("per_document", {})
+    ranking = "per_cluster" in report  # a unit-ranking report: recall of the top L' units per cluster
+    own = "ranker" if ranking else "model"
+    system = system or own
+    per_doc = report.get("per_cluster" if ranking else "per_document", {})
     if system not in per_doc:
         raise UserError(f"hibert compare: {item!r}: the report has no per-document scores for {system!r} "
                          f"(it has {', '.join(k for k in per_doc if k != 'doc_ids') or 'none'})")
-    return (name or (label if system == "model" else f"{label}#{system}")), per_doc[system], per_doc["doc_ids"]
+    scores = {f"recall@{cut}": v for cut, v in per_doc[system].items()} if ranking else per_doc[system]
+    return (name or (label if system == own else f"{label}#{system}")), scores, per_doc["doc_ids"]
+
+
+def metrics_of(groups: dict[str, list[tuple[dict[str, Any], list[str]]]]) -> tuple[str, ...]:
+    """ROUGE F1 for summaries, recall at each cut for unit rankings; one kind per comparison."""
+    kinds = {tuple(HEADLINE) if all(m in scores for m in HEADLINE) else tuple(scores)
+             for runs in groups.values() for scores, _ in runs}
+    if len(kinds) != 1:
+        raise UserError("hibert compare: the reports are of different kinds (summaries and unit rankings, or "
+                        "rankings cut at other L'): compare like with like")
+    return kinds.pop()
 
 
 def group_seeds(items: list[str], split: str) -> dict[str, list[tuple[dict[str, Any], list[str]]]]:
@@ -79,13 +95,14 @@ def compare(items: list[str], split: str, n_resamples: int) -> dict[str, Any]:
         raise UserError("hibert compare: name at least two systems (reports under one NAME are its seeds)")
     names = list(groups)
     ref_name = names[0]
-    out: dict[str, Any] = {"reference": ref_name, "systems": {}, "paired": {}}
+    metrics = metrics_of(groups)
+    out: dict[str, Any] = {"reference": ref_name, "metrics": list(metrics), "systems": {}, "paired": {}}
     for name, runs in groups.items():
         ids = _shared_ids(runs)
         if not ids:
             raise UserError(f"hibert compare: the {len(runs)} reports of {name} share no documents")
         row: dict[str, Any] = {"documents": len(ids), "seeds": len(runs)}
-        for m in HEADLINE:
+        for m in metrics:
             per_seed = _common(runs, m, ids)                        # [seeds, documents]
             seed_means = per_seed.mean(1)
             low, high = bootstrap_ci(per_seed.mean(0), n_resamples)
@@ -98,7 +115,7 @@ def compare(items: list[str], split: str, n_resamples: int) -> dict[str, Any]:
         if not ids:
             raise UserError(f"hibert compare: {name} shares no documents with {ref_name}")
         pair: dict[str, Any] = {"documents": len(ids), "seeds": [len(groups[name]), len(groups[ref_name])]}
-        for m in HEADLINE:
+        for m in metrics:
             pair[m] = seeded_paired_bootstrap(_common(groups[name], m, ids), _common(groups[ref_name], m, ids),
                                               n_resamples)
             pair[m]["verdict"] = verdict(pair[m]["low"], pair[m]["high"])
@@ -107,23 +124,25 @@ def compare(items: list[str], split: str, n_resamples: int) -> dict[str, Any]:
 
 
 def render(result: dict[str, Any]) -> str:
-    heads = [m.replace("_f", "") for m in HEADLINE]
+    metrics = tuple(result.get("metrics", HEADLINE))
+    heads = [m.replace("_f", "") for m in metrics]
+    what = "F1" if metrics == tuple(HEADLINE) else "ROUGE-L recall of the top L' units"
     lines = ["| system | documents | seeds | " + " | ".join(heads) + " |", "|---|---|---|" + "---|" * len(heads)]
     for name, sc in result["systems"].items():
         def cell(m: str) -> str:
             text = f"{sc[m]['mean']:.2f} [{sc[m]['low']:.2f}, {sc[m]['high']:.2f}]"
             return text + (f" ± {sc[m]['seed_sd']:.2f}" if sc[m]["seed_sd"] is not None else "")
-        lines.append(f"| {name} | {sc['documents']} | {sc['seeds']} | " + " | ".join(cell(m) for m in HEADLINE) + " |")
+        lines.append(f"| {name} | {sc['documents']} | {sc['seeds']} | " + " | ".join(cell(m) for m in metrics) + " |")
     lines += ["", "Mean over seeds and documents [95% CI over documents] ± sd of the per-seed means.", "",
-              f"Paired bootstrap against {result['reference']} over documents and seeds (difference of F1, 95% CI, "
-              "two-sided p):", "",
-              "| pair | documents | seeds | " + " | ".join(heads) + " | ROUGE-1 reads |",
+              f"Paired bootstrap against {result['reference']} over documents and seeds (difference of {what}, 95% "
+              "CI, two-sided p):", "",
+              "| pair | documents | seeds | " + " | ".join(heads) + f" | {heads[0].replace('rouge1', 'ROUGE-1')} reads |",
               "|---|---|---|" + "---|" * (len(heads) + 1)]
     for pair, by_metric in result["paired"].items():
         lines.append(f"| {pair} | {by_metric['documents']} | {'/'.join(map(str, by_metric['seeds']))} | " + " | ".join(
             f"{by_metric[m]['diff']:+.2f} [{by_metric[m]['low']:+.2f}, {by_metric[m]['high']:+.2f}] "
-            + format_p(by_metric[m]["p_value"], by_metric[m]["resamples"]) for m in HEADLINE)
-            + f" | {by_metric[HEADLINE[0]]['verdict']} |")
+            + format_p(by_metric[m]["p_value"], by_metric[m]["resamples"]) for m in metrics)
+            + f" | {by_metric[metrics[0]]['verdict']} |")
     if any(sc["seeds"] == 1 for sc in result["systems"].values()):
         lines += ["", "One seed behind some system: its interval carries document variance only, and a second seed "
                       "of the same model can move it by more than the differences above; do not read an "

@@ -74,3 +74,27 @@ def test_seeds_of_one_system_are_averaged_and_resampled(tmp_path):
     one = seeded_paired_bootstrap([[1.0, 5.0, 2.0]], [[0.0, 1.0, 3.0]], 300)
     assert {k: one[k] for k in ("diff", "low", "high", "p_value")} == \
         {k: v for k, v in paired_bootstrap([1.0, 5.0, 2.0], [0.0, 1.0, 3.0], 300).items() if k != "resamples"}
+
+
+def test_unit_ranking_reports_pair_per_cluster_at_every_cut(tmp_path):
+    """Ranker reports (`per_cluster`: recall of the top L' units per cluster) pair like summaries: `ranker` is
+    the default row, `#tfidf` another; seeds average per cluster; mixing kinds is refused."""
+    def ranking(path, ids, ranker, tfidf):
+        path.mkdir(parents=True)
+        per = {"doc_ids": ids, "ranker": {"5": ranker, "10": [x + 10 for x in ranker]},
+               "tfidf": {"5": tfidf, "10": [x + 10 for x in tfidf]}}
+        (path / "report.json").write_text(json.dumps({"recall": {}, "per_cluster": per}))
+        return path
+
+    ids = ["c1", "c2", "c3"]
+    a = [ranking(tmp_path / f"a{s}", ids, [40.0 + s, 50.0, 60.0], [30.0, 30.0, 30.0]) for s in (0, 2)]
+    b = ranking(tmp_path / "b", ids, [44.0, 52.0, 57.0], [30.0, 30.0, 30.0])
+    out = compare([f"tfidf={a[0]}#tfidf", *(f"A={p}" for p in a), f"B={b}"], "test", 200)
+    assert out["metrics"] == ["recall@5", "recall@10"]
+    assert out["systems"]["A"]["recall@5"]["seed_means"] == pytest.approx([50.0, 50 + 2 / 3])
+    assert out["paired"]["A-tfidf"]["recall@5"]["diff"] == pytest.approx(20 + 1 / 3)   # A's seeds averaged
+    assert out["paired"]["B-tfidf"]["recall@10"]["diff"] == pytest.approx(51 - 30)
+    assert "recall@5 reads" in render(out) and "recall of the top L' units" in render(out)
+    summary = _report(tmp_path / "s", ids, [1.0, 2.0, 3.0])
+    with pytest.raises(UserError, match="different kinds"):
+        compare([str(a[0]), str(summary)], "test", 10)
