@@ -17,7 +17,7 @@ $(BIN)/.installed: pyproject.toml
 venv: $(BIN)/.installed
 
 test: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25  # the slowest tests listed: the suite aims at ~20 minutes on 2 cores
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow and not slurm"
