@@ -93,12 +93,11 @@ def test_summarize_raw_text_and_bad_input(finetuned, tmp_path):
     one = subprocess.run(HIBERT + ["summarize", *over], input="Just one sentence here.", capture_output=True,
                          text=True, timeout=120)
     assert one.returncode == 0 and "Just one sentence here." in one.stdout
-    for data, needle in [(b"", "empty input"), (b"\x00\x01\x02binary", "binary"), (b"\xff\xfe bad", "not UTF-8")]:
-        bad = tmp_path / "bad.txt"
-        bad.write_bytes(data)
-        r = subprocess.run(HIBERT + ["summarize", *over, "--input", str(bad)], capture_output=True, text=True,
-                           timeout=120)
-        assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
+    # empty, binary and non-UTF-8 files: test_finetune_units.py; here the command's exit for one of them
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xff\xfe bad")
+    r = subprocess.run(HIBERT + ["summarize", *over, "--input", str(bad)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "not UTF-8" in r.stderr and "Traceback" not in r.stderr
     r = subprocess.run(HIBERT + ["summarize", *over, "--model", str(tmp_path)], input="Some text.",
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "cannot load model" in r.stderr and "Traceback" not in r.stderr

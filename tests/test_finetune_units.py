@@ -85,12 +85,21 @@ def test_paired_bootstrap_sees_what_overlapping_cis_hide():
 
 
 def test_summarize_inputs_json_lines_any_suffix_empty_records_clusters_and_length(tmp_path):
-    """JSON Lines by suffix whatever its case (.jsonl .JSONL .ndjson .json); an empty record, a cluster record for
-    a single-document model and a document above the export's max_doc_chars are one line naming the input."""
+    """An empty, blank, binary, non-UTF-8 or missing file is one line naming it; JSON Lines by suffix whatever
+    its case (.jsonl .JSONL .ndjson .json); an empty record, a cluster record for a single-document model and a
+    document above the export's max_doc_chars are one line naming the input."""
     import json
 
     from hibert.finetune.base.text import InputError, check_lengths, read_documents
 
+    for data, needle in [(b"", "bad.txt: empty input"), (b" \n\t", "bad.txt: empty input"),
+                         (b"\x00\x01\x02binary", "bad.txt: looks like binary data"),
+                         (b"\xff\xfe bad", "bad.txt: not UTF-8 text (invalid start byte at byte 0)")]:
+        (tmp_path / "bad.txt").write_bytes(data)
+        with pytest.raises(InputError, match=re.escape(needle)):
+            list(read_documents(str(tmp_path / "bad.txt"), "text"))
+    with pytest.raises(InputError, match="is not a file"):
+        list(read_documents(str(tmp_path / "missing.txt"), "text"))
     for name in ("a.JSONL", "a.json", "a.ndjson"):
         p = tmp_path / name
         p.write_text(json.dumps({"text": "One sentence."}) + "\n")
