@@ -1,3 +1,4 @@
+import functools
 import os
 from pathlib import Path
 
@@ -81,26 +82,22 @@ def tiny_data(tmp_path_factory) -> dict[str, Path]:
     return {"root": root, "open": root / "open", "cnndm": root / "cnndm"}
 
 
-_STORE_TEMPLATE: list[Path] = []
-
-
+@functools.cache
 def _store_template() -> Path:
     """One migrated MLflow sqlite store per test session, made by MLflow itself in a fresh process. A new store
     runs MLflow's schema migrations first (~6 s on 2 cores); the multi-process tests would make ~25 of them. They
     start from a copy of this one instead, as a user's later runs start from an existing store; the tests of
     store creation itself (the demo, the registry and outage tests) still create theirs."""
-    if not _STORE_TEMPLATE:
-        import atexit
-        import shutil
-        import tempfile
+    import atexit
+    import shutil
+    import tempfile
 
-        root = Path(tempfile.mkdtemp(prefix="hibert-test-mlflow-"))
-        atexit.register(shutil.rmtree, root, True)
-        db = root / "mlflow.db"
-        _subprocess.run([_sys.executable, "-c", "import mlflow, sys; mlflow.MlflowClient(sys.argv[1])"
-                         ".search_experiments()", f"sqlite:///{db}"], check=True, capture_output=True, timeout=300)
-        _STORE_TEMPLATE.append(db)
-    return _STORE_TEMPLATE[0]
+    root = Path(tempfile.mkdtemp(prefix="hibert-test-mlflow-"))
+    atexit.register(shutil.rmtree, root, True)
+    db = root / "mlflow.db"
+    _subprocess.run([_sys.executable, "-c", "import mlflow, sys; mlflow.MlflowClient(sys.argv[1]).search_experiments()",
+                     f"sqlite:///{db}"], check=True, capture_output=True, timeout=300)
+    return db
 
 
 def seed_store(db: Path) -> None:
