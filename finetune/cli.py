@@ -56,15 +56,17 @@ def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_finetune(cfg: Config, args: argparse.Namespace) -> int:
     """The head named by `finetune.task` on the shared runtime (hibert/runtime/run.py)."""
-    from hibert.runtime.run import prepare_run, relaunch, run_task
-
     if getattr(args, "init", None):
         cfg.run.init = None if args.init == "random" else args.init
     cfg.run.stage = "finetune"
+    if args.nproc and "RANK" not in os.environ and "SLURM_PROCID" not in os.environ:
+        from hibert.runtime.launch import relaunch
+
+        return relaunch(cfg, "finetune", args.nproc)   # the ranks look the head up (importing it takes ~2 s)
+    from hibert.runtime.run import prepare_run, run_task
+
     try:
         head = get_head(cfg.finetune.task)
-        if args.nproc and "RANK" not in os.environ and "SLURM_PROCID" not in os.environ:
-            return relaunch(cfg, "finetune", args.nproc)
         inputs = prepare_run(cfg)
         if inputs.rt.is_main:
             log.info("finetune: head %s (reads %s; its config: %s) -> registered model %s", head.name, head.reads,

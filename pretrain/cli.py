@@ -32,7 +32,7 @@ def apply_cli(cfg: Config, args: argparse.Namespace) -> Config:
 def run(cfg: Config, args: argparse.Namespace) -> int:
     cfg = apply_cli(cfg, args)
     if args.nproc and "RANK" not in os.environ and "SLURM_PROCID" not in os.environ:
-        from hibert.runtime.run import relaunch
+        from hibert.runtime.launch import relaunch
 
         return relaunch(cfg, "pretrain", args.nproc)
     return train(cfg)

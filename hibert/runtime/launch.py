@@ -2,6 +2,7 @@
 
 A thin launcher rather than torchrun so that (a) SIGUSR1/SIGTERM reach every rank (preemption) and
 (b) the requeue exit code survives. Clusters use srun/torchrun/deepspeed; hibert.runtime.dist_env maps them all.
+The launching process imports no torch (nor the heads, nor MLflow): the ranks start ~1.5 s sooner.
 """
 from __future__ import annotations
 
@@ -10,8 +11,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
+from hibert.config import Config, save_resolved
+from hibert.errors import UserError
+from hibert.registry import check_reachable, tracking_uri
 from hibert.runtime.dist_env import REQUEUE_EXIT_CODE, TRACKING_PENDING_EXIT_CODE
 
 
@@ -68,3 +74,15 @@ def launch_local(nproc: int, argv: list[str]) -> int:
     if bad:
         return bad[0] if bad[0] > 0 else 1
     return next((c for c in (REQUEUE_EXIT_CODE, TRACKING_PENDING_EXIT_CODE) if c in codes.values()), 0)
+
+
+def relaunch(cfg: Config, command: str, nproc: int) -> int:
+    """Re-run this command on `nproc` local ranks with the resolved config as the recipe."""
+    try:  # before any rank starts
+        check_reachable(tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False))
+    except UserError as e:
+        print(f"hibert {command}: {e}", file=sys.stderr)
+        return 1
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    path = save_resolved(cfg, Path(tempfile.mkdtemp(prefix="launch-", dir=cfg.run_dir)))
+    return launch_local(nproc, ["-m", "hibert.cli", command, str(path)])

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import logging
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
-from hibert.config import Config, save_resolved
+from hibert.config import Config
 from hibert.config.model import ModelConfig
 from hibert.data_prep import DocumentDataset
 from hibert.data_prep.tokenizer import vocab_size
@@ -34,7 +33,7 @@ from hibert.registry import check_reachable, check_store_location, resolve_model
 from hibert.runtime.dist_env import REQUEUE_EXIT_CODE, TRACKING_PENDING_EXIT_CODE
 from hibert.runtime.engine import init_distributed
 from hibert.runtime.export import read_export
-from hibert.runtime.launch import launch_local
+from hibert.runtime.launch import relaunch
 from hibert.runtime.outbox import OUTBOX
 from hibert.runtime.publish import NothingTrained, PeerFailed
 from hibert.runtime.task import LoaderItem, ParamGroup, Task
@@ -71,18 +70,6 @@ class RunInputs:
     init: InitModel | None
     vocab_size: int
     writer_lock: Any = None          # rank 0's claim on the run directory, held until the process ends
-
-
-def relaunch(cfg: Config, command: str, nproc: int) -> int:
-    """Re-run this command on `nproc` local ranks with the resolved config as the recipe."""
-    try:  # before any rank starts
-        check_reachable(tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False))
-    except UserError as e:
-        print(f"hibert {command}: {e}", file=sys.stderr)
-        return 1
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    path = save_resolved(cfg, Path(tempfile.mkdtemp(prefix="launch-", dir=cfg.run_dir)))
-    return launch_local(nproc, ["-m", "hibert.cli", command, str(path)])
 
 
 def load_init(cfg: Config, rank: int = 0) -> InitModel | None:
