@@ -50,18 +50,18 @@ def launch_local(nproc: int, argv: list[str]) -> int:
         codes: dict[int, int] = {}
         failed_at: float | None = None
         while len(codes) < nproc:
-            for i, p in enumerate(procs):
-                if i not in codes and p.poll() is not None:
-                    codes[i] = p.returncode
-                    if p.returncode not in OK and failed_at is None:
-                        failed_at = time.time()  # one rank died: the others would wait in a collective
-                        how = (f"killed by {signal.Signals(-p.returncode).name}" if p.returncode < 0
-                               else f"exit {p.returncode}")
-                        print(f"hibert: rank {i} (pid {p.pid}) ended ({how}); stopping the other ranks",
-                              file=sys.stderr, flush=True)
-                        for q in procs:
-                            if q.poll() is None:
-                                q.terminate()
+            ended = [i for i, p in enumerate(procs) if i not in codes and p.poll() is not None]
+            codes.update((i, procs[i].returncode) for i in ended)
+            # a rank killed by a signal first: its peers then fail in their collective, often within the same poll
+            failed = sorted((i for i in ended if codes[i] not in OK), key=lambda i: (codes[i] >= 0, i))
+            if failed and failed_at is None:
+                failed_at = time.time()  # one rank died: the others would wait in a collective
+                how = lambda c: f"killed by {signal.Signals(-c).name}" if c < 0 else f"exit {c}"  # noqa: E731
+                print("hibert: " + "; ".join(f"rank {i} (pid {procs[i].pid}) ended ({how(codes[i])})" for i in failed)
+                      + "; stopping the other ranks", file=sys.stderr, flush=True)
+                for q in procs:
+                    if q.poll() is None:
+                        q.terminate()
             if failed_at is not None and time.time() - failed_at > 20:
                 for q in procs:
                     if q.poll() is None:
