@@ -163,6 +163,8 @@ def run() -> NoReturn:
     on 2 cores, after the work was done and its files closed: every stage and every rank paid it. An exception
     still ends the process the usual way, traceback included."""
     code = main()
+    if sys.getprofile() is not None or sys.gettrace() is not None:  # `python -m cProfile`, a debugger: they
+        sys.exit(code)                                                # write their results after this returns
     shutdown_threads = getattr(threading, "_shutdown", None)  # what Py_Finalize does first
     if shutdown_threads is not None:
         shutdown_threads()

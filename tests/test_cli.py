@@ -112,3 +112,19 @@ def test_the_executable_exits_with_mains_code_after_every_exit_handler(tmp_path)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 3 and out.stdout == "no newline, buffered", (out.returncode, out.stdout, out.stderr)
     assert marker.read_text() == "ran" and (tmp_path / "atexit.txt.thread").is_file()
+
+
+@pytest.mark.parametrize("profiled", [False, True])
+def test_the_executable_skips_the_interpreter_teardown_unless_profiled(tmp_path, profiled):
+    """Teardown (a module-level object's __del__ runs there) is skipped, except under a profiler or debugger
+    (`python -m cProfile -m hibert.cli ...` writes its results after the command returns)."""
+    marker = tmp_path / "teardown.txt"
+    code = ("import sys, hibert.cli as c\n"
+            "class Witness:\n"
+            f"    def __del__(self, _open=open): _open({str(marker)!r}, 'w').write('torn down')\n"
+            "witness = Witness()\n"
+            + ("sys.setprofile(lambda *a: None)\n" if profiled else "")
+            + "c.main = lambda: 0\nc.run()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert marker.is_file() == profiled
