@@ -156,24 +156,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def _instrumented() -> bool:
+    """A profiler, debugger or coverage tool is attached: `sys.setprofile`/`settrace`, or from 3.12 on
+    `sys.monitoring` (cProfile, debugpy, coverage's sysmon core)."""
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        return True
+    monitoring = getattr(sys, "monitoring", None)
+    return monitoring is not None and any(monitoring.get_tool(i) is not None for i in range(6))
+
+
 def run() -> NoReturn:
     """The `hibert` executable: `main()`, then the exit a normal one does — other threads joined, every atexit
-    handler run (logging, MLflow, multiprocessing, ...) — without the interpreter's teardown after it. With torch,
-    DeepSpeed and MLflow loaded that teardown (freeing every module, C++ static destructors) took ~2 s per process
-    on 2 cores, after the work was done and its files closed: every stage and every rank paid it. An exception
-    still ends the process the usual way, traceback included."""
+    handler run (logging, MLflow, multiprocessing, ...), Python's and the C library's output buffers written —
+    without the interpreter's teardown after it. With torch, DeepSpeed and MLflow loaded that teardown (freeing
+    every module, C++ static destructors) took ~2 s per process on 2 cores, after the work was done and its
+    files closed: every stage and every rank paid it. An exception still ends the process the usual way,
+    traceback included, and so does a run under a profiler or debugger (they write their results after this)."""
     code = main()
-    if sys.getprofile() is not None or sys.gettrace() is not None:  # `python -m cProfile`, a debugger: they
-        sys.exit(code)                                                # write their results after this returns
     shutdown_threads = getattr(threading, "_shutdown", None)  # what Py_Finalize does first
-    if shutdown_threads is not None:
-        shutdown_threads()
+    if shutdown_threads is None or _instrumented():
+        sys.exit(code)
+    shutdown_threads()
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe: nothing left to write to
-            pass
+    try:
+        sys.stdout.flush()
+    except OSError as e:  # as CPython's own exit: output lost at the end (a full disk, a closed pipe) is exit 120
+        print(f"hibert: writing the output failed: {e}", file=sys.stderr)
+        code = code or 120
+    except ValueError:    # stdout closed by the command itself
+        pass
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    try:  # what exit() does and os._exit skips: printf output of C/C++ libraries (DeepSpeed, NCCL) still buffered
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
     os._exit(code)
 
 

@@ -1,6 +1,8 @@
 """The `hibert` command: help for every subcommand, config errors are clear and non-zero."""
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -118,15 +120,26 @@ def test_the_executable_exits_with_mains_code_after_every_exit_handler(tmp_path)
 
 @pytest.mark.parametrize("profiled", [False, True])
 def test_the_executable_skips_the_interpreter_teardown_unless_profiled(tmp_path, profiled):
-    """Teardown (a module-level object's __del__ runs there) is skipped, except under a profiler or debugger
-    (`python -m cProfile -m hibert.cli ...` writes its results after the command returns)."""
-    marker = tmp_path / "teardown.txt"
-    code = ("import sys, hibert.cli as c\n"
-            "class Witness:\n"
-            f"    def __del__(self, _open=open): _open({str(marker)!r}, 'w').write('torn down')\n"
-            "witness = Witness()\n"
-            + ("sys.setprofile(lambda *a: None)\n" if profiled else "")
-            + "c.main = lambda: 0\nc.run()\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    """Teardown (a module-level object's __del__ runs there) is skipped, except under a profiler: `python -m
+    cProfile ...` (sys.setprofile up to 3.11, sys.monitoring from 3.12) writes its results after run() returns."""
+    marker, script, stats = tmp_path / "teardown.txt", tmp_path / "entry.py", tmp_path / "out.prof"
+    script.write_text("import hibert.cli as c\n"
+                      "class Witness:\n"
+                      f"    def __del__(self, _open=open): _open({str(marker)!r}, 'w').write('torn down')\n"
+                      "witness = Witness()\n"
+                      "c.main = lambda: 0\nc.run()\n")
+    cmd = [sys.executable, *(["-m", "cProfile", "-o", str(stats)] if profiled else []), str(script)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert marker.is_file() == profiled
+    assert marker.is_file() == profiled and stats.is_file() == profiled
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_output_lost_at_exit_is_a_failure_not_success():
+    """As CPython's own exit: stdout that cannot be written at the end (a full disk) is exit 120 and one line."""
+    code = "import sys, hibert.cli as c; c.main = lambda: (sys.stdout.write('summary ' * 20), 0)[1]; c.run()"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}   # buffered: written at the exit
+    with open("/dev/full", "w") as full:
+        out = subprocess.run([sys.executable, "-c", code], stdout=full, stderr=subprocess.PIPE, text=True, timeout=60,
+                             env=env)
+    assert out.returncode == 120 and "hibert: writing the output failed" in out.stderr, (out.returncode, out.stderr)

@@ -31,6 +31,15 @@ def free_port() -> int:
 OK = (0, REQUEUE_EXIT_CODE, TRACKING_PENDING_EXIT_CODE)
 
 
+def _how(code: int) -> str:
+    if code >= 0:
+        return f"exit {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:  # a real-time signal has no name
+        return f"killed by signal {-code}"
+
+
 def launch_local(nproc: int, argv: list[str]) -> int:
     port = str(free_port())
     procs: list[subprocess.Popen] = []
@@ -49,6 +58,7 @@ def launch_local(nproc: int, argv: list[str]) -> int:
     try:
         codes: dict[int, int] = {}
         failed_at: float | None = None
+        cause = -1  # the rank named first when the job fails: its exit code is the job's
         while len(codes) < nproc:
             ended = [i for i, p in enumerate(procs) if i not in codes and p.poll() is not None]
             codes.update((i, procs[i].returncode) for i in ended)
@@ -56,8 +66,8 @@ def launch_local(nproc: int, argv: list[str]) -> int:
             failed = sorted((i for i in ended if codes[i] not in OK), key=lambda i: (codes[i] >= 0, i))
             if failed and failed_at is None:
                 failed_at = time.time()  # one rank died: the others would wait in a collective
-                how = lambda c: f"killed by {signal.Signals(-c).name}" if c < 0 else f"exit {c}"  # noqa: E731
-                print("hibert: " + "; ".join(f"rank {i} (pid {procs[i].pid}) ended ({how(codes[i])})" for i in failed)
+                cause = failed[0]
+                print("hibert: " + "; ".join(f"rank {i} (pid {procs[i].pid}) ended ({_how(codes[i])})" for i in failed)
                       + "; stopping the other ranks", file=sys.stderr, flush=True)
                 for q in procs:
                     if q.poll() is None:
@@ -70,9 +80,8 @@ def launch_local(nproc: int, argv: list[str]) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    bad = [c for c in codes.values() if c not in OK]
-    if bad:
-        return bad[0] if bad[0] > 0 else 1
+    if cause >= 0:
+        return codes[cause] if codes[cause] > 0 else 1
     return next((c for c in (REQUEUE_EXIT_CODE, TRACKING_PENDING_EXIT_CODE) if c in codes.values()), 0)
 
 
