@@ -27,7 +27,7 @@ from hibert.finetune.base.generation import (
 from hibert.finetune.base.settings import EvalSettings, SummarizeSettings, default_device, model_ref
 from hibert.finetune.base.fluency import fluency_note
 from hibert.finetune.base.text import InputError, Summary, check_lengths, read_clusters, read_documents
-from hibert.finetune.heads import EvalOutcome, HeadSpec, get_head, head_of_export
+from hibert.finetune.heads import EvalOutcome, HeadSpec, get_head, head_of_export, is_builtin
 from hibert.redact import redact_uri
 from hibert.registry import check_store_location, ensure_experiment, resolve_model, tracking_uri
 
@@ -62,7 +62,13 @@ def run_finetune(cfg: Config, args: argparse.Namespace) -> int:
     if args.nproc and "RANK" not in os.environ and "SLURM_PROCID" not in os.environ:
         from hibert.runtime.launch import relaunch
 
-        return relaunch(cfg, "finetune", args.nproc)   # the ranks look the head up (importing it takes ~2 s)
+        if not is_builtin(cfg.finetune.task):  # a plugin's head, or a typo: one line here, before any rank starts
+            try:
+                get_head(cfg.finetune.task)
+            except UserError as e:
+                print(e, file=sys.stderr)
+                return 1
+        return relaunch(cfg, "finetune", args.nproc)   # a built-in head: the ranks import it (~2 s), not this process
     from hibert.runtime.run import prepare_run, run_task
 
     try:

@@ -25,9 +25,10 @@ from typing import Any
 
 from hibert.errors import UserError
 
-# the built-in heads, in the order an export without export.json is matched against their files
-BUILTIN = ("hibert.finetune.extractive.head", "hibert.finetune.abstractive.head", "hibert.finetune.ranker.head",
-           "hibert.finetune.mds.head")
+# the built-in heads (name -> the module that registers it), in the order an export without export.json is
+# matched against their files
+BUILTIN = {"extractive": "hibert.finetune.extractive.head", "abstractive": "hibert.finetune.abstractive.head",
+           "ranker": "hibert.finetune.ranker.head", "mds": "hibert.finetune.mds.head"}
 PLUGINS_ENV = "HIBERT_HEADS"
 ENTRY_POINT_GROUP = "hibert.heads"
 
@@ -93,8 +94,10 @@ def _load() -> None:
     if _loaded:
         return
     _loaded = True
-    for module in BUILTIN:
+    for name, module in BUILTIN.items():
         importlib.import_module(module)
+        if name not in _HEADS:
+            raise HeadError(f"{module} did not register the head {name!r} it is listed under (finetune/heads.py)")
     for module in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
         try:
             importlib.import_module(module)
@@ -102,6 +105,12 @@ def _load() -> None:
             raise HeadError(f"${PLUGINS_ENV}: cannot import head module {module!r} ({e})") from None
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         ep.load()
+
+
+def is_builtin(name: str) -> bool:
+    """Whether `name` is a built-in head, known without importing any head (the `--nproc` launcher imports
+    none: each rank does)."""
+    return name in BUILTIN
 
 
 def registered_heads() -> dict[str, HeadSpec]:

@@ -42,6 +42,11 @@ def test_a_toy_head_runs_through_finetune_evaluate_and_summarize(tiny_data, tmp_
     # without the registration the same export is not dispatchable as lead-k: finetune names the head
     r = run_hibert(["finetune", *over], check=False, timeout=120)
     assert r.returncode == 1 and "finetune.task=lead-k: no such head" in r.stderr and "Traceback" not in r.stderr
+    # the same with --nproc: one line from the launcher, before any rank starts
+    launches = set((tmp_path / "lead").glob("launch-*"))
+    r = run_hibert(["finetune", *over, "--nproc", "2"], check=False, timeout=120)
+    assert r.returncode == 1 and r.stderr.count("finetune.task=lead-k: no such head") == 1, r.stderr[-2000:]
+    assert "hibert: rank" not in r.stderr and set((tmp_path / "lead").glob("launch-*")) == launches, r.stderr[-2000:]
 
 
 def test_registry_refuses_duplicates_and_dispatches_exports_on_their_task(tmp_path):
