@@ -28,6 +28,8 @@ BAD = [  # override, what the one-line error must say
     ("optimizer.eps=0", "optimizer.eps"),
     ("deepspeed.extra.zero_optimization.stage=7", "deepspeed.extra.zero_optimization.stage must be 0, 1, 2 or 3"),
     ("deepspeed.extra.gradient_accumulation_steps=4", "use schedule.grad_accum"),
+    ("deepspeed.extra.checkpoint.writer.decoupled=true", "deepspeed.extra.checkpoint.writer.decoupled is not supported"),
+    ("deepspeed.extra.datastates_ckpt.enabled=true", "deepspeed.extra.datastates_ckpt is not supported"),
     ("deepspeed.offload_param=cpu", "deepspeed.offload_param needs deepspeed.zero_stage=3"),
     ("objective.select_ratio=0", "objective.select_ratio"),
     ("objective.max_selected=0", "objective.max_selected"),

@@ -98,6 +98,15 @@ class DeepSpeedConfig(Section):
         if "stage" in zero and zero["stage"] not in (0, 1, 2, 3):
             raise ValueError(f"deepspeed.extra.zero_optimization.stage must be 0, 1, 2 or 3, got {zero['stage']!r} "
                              "(prefer deepspeed.zero_stage)")
+        # a checkpoint is complete (COMPLETE.json, then older ones pruned) when save_checkpoint returns: the
+        # asynchronous engines, which still write after it returns, would mark partial checkpoints complete
+        writer = (extra.get("checkpoint") or {}).get("writer") if isinstance(extra.get("checkpoint"), dict) else None
+        if isinstance(writer, dict) and writer.get("decoupled"):
+            raise ValueError("deepspeed.extra.checkpoint.writer.decoupled is not supported: checkpoints are marked "
+                             "complete when DeepSpeed's save returns, and the decoupled writer is still writing then")
+        if isinstance(extra.get("datastates_ckpt"), dict) and extra["datastates_ckpt"].get("enabled"):
+            raise ValueError("deepspeed.extra.datastates_ckpt is not supported: an asynchronous checkpoint would be "
+                             "marked complete before it is written")
         for k in ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size"):
             v = zero.get(k)
             if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0):
