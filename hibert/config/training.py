@@ -100,7 +100,8 @@ class DeepSpeedConfig(Section):
                              "(prefer deepspeed.zero_stage)")
         # a checkpoint is complete (COMPLETE.json, then older ones pruned) when save_checkpoint returns: the
         # asynchronous engines, which still write after it returns, would mark partial checkpoints complete
-        writer = (extra.get("checkpoint") or {}).get("writer") if isinstance(extra.get("checkpoint"), dict) else None
+        checkpoint = extra.get("checkpoint")
+        writer = checkpoint.get("writer") if isinstance(checkpoint, dict) else None
         if isinstance(writer, dict) and writer.get("decoupled"):
             raise ValueError("deepspeed.extra.checkpoint.writer.decoupled is not supported: checkpoints are marked "
                              "complete when DeepSpeed's save returns, and the decoupled writer is still writing then")
