@@ -120,10 +120,11 @@ def test_fluency_note_reads_the_recorded_validation_perplexity(tmp_path):
 
     from hibert.finetune.base.fluency import WRITES_PPL, fluency_note
 
-    def export(metrics):
+    def export(metrics, selected=None):
         d = tmp_path / str(len(list(tmp_path.iterdir())))
         d.mkdir()
-        (d / "export.json").write_text(json.dumps({"metrics": metrics}))
+        (d / "export.json").write_text(json.dumps({"metrics": metrics, "selected_metrics": selected or {},
+                                                   "final_metrics": {"valid_ppl": 999.0}}))
         return d
 
     note = fluency_note(export({"valid_ppl": 312.4}))
@@ -131,3 +132,19 @@ def test_fluency_note_reads_the_recorded_validation_perplexity(tmp_path):
     assert fluency_note(export({"valid_ppl": WRITES_PPL - 1})) is None
     assert fluency_note(export({})) is None and fluency_note(tmp_path / "missing") is None
     assert fluency_note(export({"valid_ppl": float("nan")})) is None
+    # the exported weights' own perplexity counts, not the last evaluation's (final_metrics: 999 above)
+    assert fluency_note(export({"valid_ppl": 12.0}, {"300": {"valid_ppl": 12.0}})) is None
+    # an average of checkpoints was never evaluated: the best of the averaged ones' decides
+    note = fluency_note(export({}, {"200": {"valid_ppl": 80.0}, "300": {"valid_ppl": 61.0}}))
+    assert note and "perplexity 61," in note
+    assert fluency_note(export({}, {"200": {"valid_ppl": 80.0}, "300": {"valid_ppl": 20.0}})) is None
+    assert fluency_note(export({}, {"200": None})) is None  # kept before candidates held their metrics
+
+
+def test_the_export_records_what_its_own_weights_scored():
+    from hibert.runtime.validation import exported_metrics
+
+    one = {"valid_rouge": 31.5, "valid_ppl": 640.0}
+    assert exported_metrics({"300": one}) == one
+    assert exported_metrics({"300": one, "400": {"valid_rouge": 30.0}}) == {}  # an average: never evaluated
+    assert exported_metrics({"300": None}) == {}

@@ -25,6 +25,15 @@ def finetuned(tiny_data, tmp_path_factory):
     return root, over
 
 
+def logged_by_step(run_root: Path, run_name: str, key: str) -> dict[int, float]:
+    from hibert.registry import client
+
+    c = client(f"sqlite:///{run_root / 'mlflow.db'}")
+    runs = c.search_runs([c.get_experiment_by_name("hibert").experiment_id],
+                         filter_string=f"attributes.run_name = '{run_name}'")
+    return {m.step: m.value for m in c.get_metric_history(runs[0].info.run_id, key)}
+
+
 def finetuned_dataset(finetuned) -> Path:
     _, over = finetuned
     return Path(next(o for o in over if o.startswith("data.dataset=")).split("=", 1)[1])
@@ -40,6 +49,14 @@ def test_head_trains_loss_falls_and_model_is_registered(finetuned):
     export = root / "ft" / "export"
     meta = json.loads((export / "export.json").read_text())
     assert meta["selection_metric"] == "valid_rouge" and 1 <= len(meta["selected_steps"]) <= 2
+    # each exported step's own evaluation, as MLflow logged it at that step; the last evaluation kept apart
+    logged = logged_by_step(root, "ft", "valid_rouge")
+    assert sorted(int(s) for s in meta["selected_metrics"]) == sorted(meta["selected_steps"])
+    for s, m in meta["selected_metrics"].items():
+        assert m["valid_rouge"] == pytest.approx(logged[int(s)]), (s, logged)
+    assert meta["final_metrics"]["valid_rouge"] == pytest.approx(logged[max(logged)])
+    one = len(meta["selected_steps"]) == 1
+    assert meta["metrics"] == (meta["selected_metrics"][str(meta["selected_steps"][0])] if one else {})
     assert meta["data"]["segmenter"]["kind"] == "spacy"
     assert (export / "head.safetensors").is_file() and (export / "tokenizer.model").is_file()
     # the export is the mean of the kept best evaluations' full fp32 weights (keep_best=2)

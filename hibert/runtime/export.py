@@ -4,7 +4,9 @@ An export directory is the one hand-off format between stages and to finetuning:
     encoder.safetensors   fp32 encoder weights (master weights, gathered from every ZeRO partition)
     model.json            the `model:` config section (with the real vocab size)
     tokenizer.model       the SentencePiece model the encoder was trained with
-    export.json           provenance: stage, step, dataset manifest hash, config hash, git commit, init
+    export.json           provenance: stage, step, dataset manifest hash, config hash, git commit, init; the
+                          steps model selection kept and what they scored (`metrics`: the exported weights'
+                          own evaluation; `final_metrics`: the last step's; `selected_metrics`: each kept one's)
 It is logged as an MLflow artifact dir and registered, so `models:/hibert-encoder@in-domain` resolves to it.
 """
 from __future__ import annotations

@@ -17,6 +17,7 @@ from hibert.errors import DiskFull, disk_full, free_mb
 from hibert.redact import redact_uri
 from hibert.runtime.export import write_export
 from hibert.runtime.tracking import git_commit
+from hibert.runtime.validation import exported_metrics
 
 log = logging.getLogger("hibert.train")
 
@@ -70,12 +71,17 @@ def _export_and_register(trainer, step: int, metrics: dict[str, float], out: Pat
     full, steps = selected
     p = trainer.encoder_prefix
     encoder = {k[len(p):]: v for k, v in full.items() if k.startswith(p)}
+    selected_metrics = trainer.validator.selected_metrics(step, metrics)
     meta = {"stage": cfg.run.stage, "task": task.name, "step": step,
             "selected_steps": steps, "selection_metric": task.eval_metric,
             "init": redact_uri(cfg.run.init) if cfg.run.init else None,
             "dataset_manifest": trainer.manifest_hash(),
             "config_hash": config_hash(cfg), "git_commit": git_commit(),
-            "world_size": trainer.rt.world_size, "metrics": metrics,
+            "world_size": trainer.rt.world_size,
+            # what the exported weights scored (the selected step's evaluation, not the last one's), the last
+            # evaluation, and each selected step's
+            "metrics": exported_metrics(selected_metrics), "final_metrics": metrics,
+            "selected_metrics": selected_metrics,
             "mlflow_run_id": trainer.tracker.run_id, "data": trainer.data_settings()}
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)  # what a full disk or a kill left last time

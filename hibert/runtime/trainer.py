@@ -94,7 +94,7 @@ class Trainer:
         self.costs = doc_costs(train_data.doc_num_tokens, train_data.doc_num_sentences)
         self.state: dict[str, Any] = {"global_step": 0, "epoch": 0, "step_in_epoch": 0, "best": None,
                                       "evals_without_improvement": 0, "mlflow_run_id": None,
-                                      "candidates": [],  # [score, step, path] of the best evaluations
+                                      "candidates": [],  # [score, step, path, metrics] of the best evaluations
                                       "seed": s.seed, "config_hash": config_hash(cfg),
                                       "world_size": rt.world_size,
                                       "micro_per_step": rt.world_size * s.grad_accum}

@@ -1,6 +1,7 @@
 """Evaluation cadence, early stopping and model selection (keep the best `keep_best` evaluations' weights
 and export their average). Its state lives in the trainer's resumable state dict, so a resumed run
-continues the same patience count and candidate list."""
+continues the same patience count and candidate list. A candidate is [score, step, path, its evaluation's
+metrics] (checkpoints written before the metrics were kept hold the first three only)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -75,17 +76,29 @@ class Validator:
         if main:
             path.parent.mkdir(parents=True, exist_ok=True)
             save_file({k: v.contiguous() for k, v in full.items()}, str(path))
-        ranked = sorted(cands + [[metrics[key], step, str(path)]], key=lambda c: -sign * c[0])
-        for _, _, old in ranked[n:]:
+        ranked = sorted(cands + [[metrics[key], step, str(path), dict(metrics)]], key=lambda c: -sign * c[0])
+        for c in ranked[n:]:
             if main:
-                Path(old).unlink(missing_ok=True)
+                Path(c[2]).unlink(missing_ok=True)
         self.state["candidates"] = ranked[:n]
         if dist.is_initialized():
             dist.barrier()
 
+    def _kept(self) -> list[list]:
+        return [c for c in self.state["candidates"] if Path(c[2]).is_file()]
+
+    def selected_metrics(self, step: int, final: dict[str, float]) -> dict[str, dict[str, float] | None]:
+        """The evaluation of each step whose weights the export holds, by step: the kept ones (None for a
+        checkpoint kept before candidates held their metrics), or `final` (the evaluation at `step`, the last
+        one) when none were kept and the final weights are exported."""
+        kept = self._kept()
+        if not kept:
+            return {str(step): dict(final)}
+        return {str(c[1]): (c[3] if len(c) > 3 else None) for c in kept}
+
     def selected_weights(self) -> tuple[dict[str, torch.Tensor], list[int]]:
         """Collective. The average of the kept best weights, or the current weights when none were kept."""
-        cands = [c for c in self.state["candidates"] if Path(c[2]).is_file()]
+        cands = self._kept()
         if not cands:
             return gather_fp32_state_dict(self.trainer.engine.module, ""), []
         if dist.is_initialized():
@@ -95,3 +108,11 @@ class Validator:
         states = [load_file(c[2]) for c in cands]
         avg = {k: sum(st[k] for st in states) / len(states) for k in states[0]}
         return avg, [c[1] for c in cands]
+
+
+def exported_metrics(selected: dict[str, dict[str, float] | None]) -> dict[str, float]:
+    """What the exported weights themselves scored: the one selected step's evaluation; nothing for an average
+    of several (those weights were never evaluated: each one's evaluation is in `selected_metrics`)."""
+    if len(selected) == 1:
+        return dict(next(iter(selected.values())) or {})
+    return {}
