@@ -10,7 +10,7 @@ import torch
 
 from conftest import HIBERT, run_hibert, tiny_train_overrides
 from slurm_helpers import slurm_cluster  # noqa: F401  (fixture)
-from test_pretrain_deepspeed import metric_history
+from test_pretrain_deepspeed import logged_by_step, metric_history
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -23,15 +23,6 @@ def finetuned(tiny_data, tmp_path_factory):
         "objective.top_k": 2, "optimizer.lr": 2e-3})
     run_hibert(["finetune", *over, "--init", "random", "--nproc", "2"], timeout=400)
     return root, over
-
-
-def logged_by_step(run_root: Path, run_name: str, key: str) -> dict[int, float]:
-    from hibert.registry import client
-
-    c = client(f"sqlite:///{run_root / 'mlflow.db'}")
-    runs = c.search_runs([c.get_experiment_by_name("hibert").experiment_id],
-                         filter_string=f"attributes.run_name = '{run_name}'")
-    return {m.step: m.value for m in c.get_metric_history(runs[0].info.run_id, key)}
 
 
 def finetuned_dataset(finetuned) -> Path:

@@ -43,15 +43,19 @@ def assert_same(a: dict, b: dict, exact: bool = True, atol: float = 0.0) -> None
                                        msg=lambda m: f"{k} differs: {m}")
 
 
-def metric_history(run_root: Path, run_name: str, key: str) -> list[float]:
+def logged_by_step(run_root: Path, run_name: str, key: str) -> dict[int, float]:
+    """What MLflow holds for `key` of the run, by step."""
     from hibert.registry import client
 
     c = client(f"sqlite:///{run_root / 'mlflow.db'}")
     exp = c.get_experiment_by_name("hibert")
     runs = c.search_runs([exp.experiment_id], filter_string=f"attributes.run_name = '{run_name}'")
     assert runs, f"no MLflow run named {run_name}"
-    hist = sorted(c.get_metric_history(runs[0].info.run_id, key), key=lambda m: m.step)
-    return [m.value for m in hist]
+    return {m.step: m.value for m in c.get_metric_history(runs[0].info.run_id, key)}
+
+
+def metric_history(run_root: Path, run_name: str, key: str) -> list[float]:
+    return [v for _, v in sorted(logged_by_step(run_root, run_name, key).items())]
 
 
 @pytest.fixture(scope="module")
