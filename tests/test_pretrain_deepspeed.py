@@ -43,19 +43,24 @@ def assert_same(a: dict, b: dict, exact: bool = True, atol: float = 0.0) -> None
                                        msg=lambda m: f"{k} differs: {m}")
 
 
-def logged_by_step(run_root: Path, run_name: str, key: str) -> dict[int, float]:
-    """What MLflow holds for `key` of the run, by step."""
+def _history(run_root: Path, run_name: str, key: str) -> list:
     from hibert.registry import client
 
     c = client(f"sqlite:///{run_root / 'mlflow.db'}")
     exp = c.get_experiment_by_name("hibert")
     runs = c.search_runs([exp.experiment_id], filter_string=f"attributes.run_name = '{run_name}'")
     assert runs, f"no MLflow run named {run_name}"
-    return {m.step: m.value for m in c.get_metric_history(runs[0].info.run_id, key)}
+    return sorted(c.get_metric_history(runs[0].info.run_id, key), key=lambda m: m.step)
 
 
 def metric_history(run_root: Path, run_name: str, key: str) -> list[float]:
-    return [v for _, v in sorted(logged_by_step(run_root, run_name, key).items())]
+    """Every value MLflow holds for `key` of the run, in step order (a step logged twice counts twice)."""
+    return [m.value for m in _history(run_root, run_name, key)]
+
+
+def logged_by_step(run_root: Path, run_name: str, key: str) -> dict[int, float]:
+    """The same by step."""
+    return {m.step: m.value for m in _history(run_root, run_name, key)}
 
 
 @pytest.fixture(scope="module")
