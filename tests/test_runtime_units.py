@@ -22,6 +22,40 @@ def test_step_line_starts_with_progress_then_loss_and_has_eta():
     assert "lr=0.0001" in line and line.endswith("| eta 0m40s")  # 80 steps left at 0.5 s/step
 
 
+
+def _planner(costs, epochs: int, max_steps: int | None = None, epoch: int = 0, step_in_epoch: int = 0,
+             global_step: int = 0):
+    """Just what `Trainer.plan` and `Trainer.total_steps` read."""
+    from hibert.runtime.trainer import Trainer
+
+    schedule = SimpleNamespace(seed=3, batch_tokens=1000, max_docs_per_batch=64, grad_accum=1, epochs=epochs,
+                               max_steps=max_steps)
+    t = SimpleNamespace(cfg=SimpleNamespace(schedule=schedule), costs=costs, rt=SimpleNamespace(world_size=2),
+                        state={"epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": global_step})
+    t.plan = lambda e: Trainer.plan(t, e)
+    t._max_steps = lambda: max_steps
+    t.total = lambda: Trainer.total_steps(t, t.plan(t.state["epoch"]))
+    return t
+
+
+def test_planned_total_counts_each_epochs_own_plan_fresh_and_resumed(monkeypatch):
+    import numpy as np
+
+    import hibert.runtime.trainer as trainer
+
+    costs = np.random.default_rng(0).integers(20, 300, 1000)
+    steps = [_planner(costs, 5).plan(e).steps for e in range(5)]
+    assert len(set(steps)) > 1  # the epochs' shuffles pack into different numbers of batches
+    assert _planner(costs, 5).total() == (sum(steps), True)
+    # resumed in epoch 3 at its 4th step: the same total (the old count was epoch 3's length x 5)
+    resumed = _planner(costs, 5, epoch=3, step_in_epoch=4, global_step=sum(steps[:3]) + 4)
+    assert resumed.total() == (sum(steps), True)
+    assert _planner(costs, 5, max_steps=steps[0] + 2).total() == (steps[0] + 2, True)
+    assert _planner(costs, 5, max_steps=10 * sum(steps)).total() == (sum(steps), True)
+    monkeypatch.setattr(trainer, "_EXACT_PLAN_DOCS", 100)  # too many documents to plan every epoch ahead
+    assert _planner(costs, 5).total() == (5 * steps[0], False)
+    assert _planner(costs, 1).total() == (steps[0], True)  # nothing later to plan
+
 def test_metric_line_and_banner_are_plain_text():
     assert metric_line({"valid_rouge": 0.31, "valid_loss": 2.0}) == "valid_loss=2 valid_rouge=0.31"
     text = banner({"world size": 8, "ZeRO stage": 2})

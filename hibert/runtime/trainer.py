@@ -33,6 +33,9 @@ from hibert.runtime.validation import Validator
 
 log = logging.getLogger("hibert.train")
 
+# The planned total counts every later epoch's batches exactly up to this many documents x epochs to plan
+# (~1 s of start-up); a Gigaword-sized run estimates the later epochs from the current one instead.
+_EXACT_PLAN_DOCS = 2_000_000
 
 @dataclass
 class TrainResult:
@@ -112,10 +115,20 @@ class Trainer:
     def _max_steps(self) -> int | None:
         return self.cfg.schedule.max_steps
 
-    def total_steps(self, steps_per_epoch: int) -> int:
-        """Planned optimizer steps of the whole run (epochs x this epoch's plan, capped by max_steps)."""
-        total = steps_per_epoch * self.cfg.schedule.epochs
-        return min(total, self._max_steps()) if self._max_steps() else total
+    def total_steps(self, plan: BatchPlan) -> tuple[int, bool]:
+        """(optimizer steps the whole run will take, whether that count is exact), capped by max_steps.
+
+        Epochs differ in length: each plans its own shuffle into token-budget batches. The count is exact
+        when the later epochs are cheap to plan (they are deterministic: seed and epoch) — at most
+        `_EXACT_PLAN_DOCS` documents x epochs left; beyond that, this epoch's length stands for the rest."""
+        s, m = self.cfg.schedule, self._max_steps()
+        this_epoch = self.state["global_step"] + max(0, plan.steps - self.state["step_in_epoch"])
+        if m and this_epoch >= m:
+            return m, True
+        epoch, left = self.state["epoch"], max(0, s.epochs - self.state["epoch"] - 1)
+        exact = len(self.costs) * left <= _EXACT_PLAN_DOCS
+        later = sum(self.plan(e).steps for e in range(epoch + 1, s.epochs)) if exact else plan.steps * left
+        return (min(this_epoch + later, m) if m else this_epoch + later), exact
 
     def _horizon_reached(self) -> bool:
         m = self._max_steps()
@@ -242,7 +255,8 @@ class Trainer:
             version = json.loads(done.read_text()).get("version")
             return TrainResult("finished", self.state["global_step"], done.parent, {}, version, left)
         first_plan = self.plan(self.state["epoch"])
-        self.step_log = StepLog(self.total_steps(first_plan.steps), self.state["global_step"], rt.is_main)
+        total, self.total_exact = self.total_steps(first_plan)
+        self.step_log = StepLog(total, self.state["global_step"], rt.is_main)
         if rt.is_main:
             log.info("%s", banner(self.banner_facts(first_plan)))
         tags = {"stage": cfg.run.stage, "task": self.task.name, "world_size": str(rt.world_size),
@@ -339,7 +353,9 @@ class Trainer:
             "precision": rt.precision,
             "tokens per step": f"<= {s.batch_tokens * rt.world_size * s.grad_accum:,} "
                                f"({s.batch_tokens:,} x {rt.world_size} ranks x {s.grad_accum} accumulation)",
-            "total steps": f"{self.step_log.total} ({plan.steps} per epoch x {s.epochs} epochs"
+            "total steps": f"{'' if self.total_exact else '~'}{self.step_log.total} ({s.epochs} epochs, "
+                           f"{plan.steps} steps in epoch {self.state['epoch']}'s plan"
+                           f"{'' if self.total_exact else '; later epochs estimated from it'}"
                            f"{f', capped at max_steps {s.max_steps}' if s.max_steps else ''})",
             "data": f"{cfg.data.dataset_dir}: {len(self.train_data):,} train / "
                     f"{len(self.valid_data) if self.valid_data is not None else 0:,} valid documents, "
