@@ -13,6 +13,9 @@ interleaved round by round, so that a machine whose load changes slows every con
     earlier run hides anything; reported for the whole call and for the decoding phase (after the encoder
     and the memory projections). CUDA: torch.cuda.max_memory_allocated above the allocation before.
   * cross-attention: PHT (and VHT) against flat, same batch.
+  * profile (--profile, CPU): where the time of one document goes at batch 1 and at --batch, ms per
+    document by kind of operator (torch.profiler, self time), the encoder pass counted apart: which costs
+    batching shares across documents and which it cannot.
   * the anchors: the same model and documents decoded with PreSumm's / hiersumm's search strategy
     (anchor_decode.py: memory tiled per beam and gathered every step, cache grown by concatenation, a
     Python trigram check per hypothesis, finished hypotheses kept in the beam), at the same batch size;
@@ -22,6 +25,7 @@ round); the tables give the sums over all rounds.
 
     python benchmarks/bench_generate.py                          # 2 CPU threads, H=256: the CPU targets
     python benchmarks/bench_generate.py --device cuda --dtype bf16 --size hibert_m --batch 64
+    python benchmarks/bench_generate.py --profile --skip throughput,cache,memory   # what batching shares
     python benchmarks/bench_generate.py --no-repeat-ngram 0 --cross flat --skip cache,memory \
         --out benchmarks/results/bench_generate_cpu_noblock.json     # the anchors' gap without blocking
 """
@@ -241,6 +245,71 @@ def cache_vs_recompute(args, ws) -> dict:
                      args.target_tokens)
 
 
+# ------------------------------------------------------------------------------------------ profile
+_KINDS = (  # (row, operators): the first row whose operators include an op's name takes it
+    ("linear layers", ("aten::addmm",)),
+    ("cross-attention matmuls (q K^T, p V)", ("aten::bmm", "aten::baddbmm")),
+    ("fused attention (SDPA)", ("aten::_scaled_dot_product_flash_attention_for_cpu",
+                                "aten::_scaled_dot_product_efficient_attention", "aten::_flash_attention_forward")),
+    ("log-softmax and softmax", ("aten::_log_softmax", "aten::_softmax")),
+    ("copies, gathers, cache reorder", ("aten::copy_", "aten::_index_put_impl_", "aten::index_select",
+                                        "aten::index_copy_", "aten::gather", "aten::index", "aten::cat")),
+    ("masks, fills, elementwise", ("aten::masked_fill_", "aten::fill_", "aten::add_", "aten::add", "aten::mul",
+                                   "aten::mul_", "aten::clamp_min", "aten::where", "aten::native_layer_norm")),
+)
+_VOCAB_ROW, _OTHER = "output projection (V columns)", "views, reshapes, other small ops"
+
+
+def _by_kind(prof) -> dict[str, float]:
+    """Self time (ms) of a profiled call by kind of operator. The output projection is the one product
+    without a bias (tied to the embedding table: aten::mm); every other linear layer is an addmm."""
+    out = {_VOCAB_ROW: 0.0, **{row: 0.0 for row, _ in _KINDS}, _OTHER: 0.0}
+    for e in prof.key_averages():
+        row = _VOCAB_ROW if e.key == "aten::mm" else next((r for r, ops in _KINDS if e.key in ops), _OTHER)
+        out[row] += e.self_cpu_time_total / 1000
+    return out
+
+
+def op_profile(args, ws) -> dict:
+    """ms per document by kind of operator, one decode at batch 1 and one at --batch (the first of the
+    documents / all of them); the encoder pass profiled on its own and taken out of the decode's rows into
+    its own. Two plain decodes first (the second timed: wall without the profiler), then two profiled ones,
+    the second kept. Without record_shapes: recording every operator's shapes slows the decode's largest
+    writes (the [rows, V] logits) ~2x at batch 16, which would misplace the time. The profiler adds ~1 us
+    per operator, which weighs more at batch 1."""
+    from torch.profiler import profile
+
+    model = build(args, "flat")
+    docs = make_docs(args.batch, args.source_tokens, args.vocab, args.seed)
+    gen = gen_config(args, args.beam)
+    out = {}
+    for name, group in (("batch1", docs[:1]), (f"batch{args.batch}", docs)):
+        batch, n = pack_documents(group).to(args.device), len(group)
+        decode = lambda: generate(model, batch, gen, word_start=ws)  # noqa: E731
+        with torch.no_grad(), autocast(args):
+            decode()
+            start = time.perf_counter()
+            decode()
+            plain = time.perf_counter() - start
+            with profile() as enc_prof:
+                model.encode(batch)
+            for _ in range(2):  # the second is kept
+                with profile() as prof:
+                    start = time.perf_counter()
+                    decode()
+                    wall = time.perf_counter() - start  # before the profiler's own teardown
+        encoder = sum(e.self_cpu_time_total for e in enc_prof.key_averages()) / 1000
+        rows = _by_kind(prof)
+        for row, ms in _by_kind(enc_prof).items():  # the encoder's share of each kind, taken out
+            rows[row] = max(0.0, rows[row] - ms)
+        ops = sum(rows.values()) + encoder
+        out[name] = {"encoder pass": encoder / n, **{k: v / n for k, v in rows.items()},
+                     "outside operators (Python, dispatch)": max(0.0, wall * 1000 - ops) / n,
+                     "wall (profiler on)": wall * 1000 / n, "wall (profiler off)": plain * 1000 / n}
+        log(f"profiled {name}: {plain * 1000 / n:.0f} ms per document ({wall * 1000 / n:.0f} with the profiler)")
+    return out
+
+
 # ------------------------------------------------------------------------------------------ memory
 def _status_kib(field: str) -> int:
     return int(re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1))
@@ -391,6 +460,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--memory-repeats", type=int, default=3, help="fresh-process RSS probes per setting (median)")
     p.add_argument("--cross", default="flat,pht,vht", help="cross-attention variants timed at --batch")
     p.add_argument("--skip", default="", help="comma list of throughput,cache,memory to leave out")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile one decode at batch 1 and at --batch: ms per document by kind of operator")
     p.add_argument("--threads", type=int, default=2, help="CPU threads for torch")
     p.add_argument("--default-malloc", action="store_true",
                    help="keep glibc's malloc defaults (summarize keeps freed memory for reuse on the CPU)")
@@ -403,6 +474,8 @@ def parse() -> argparse.Namespace:
         args.cross.insert(0, "flat")
     if args.dtype == "bf16" and args.device != "cuda":
         p.error("--dtype bf16 is for --device cuda")
+    if args.profile and args.device != "cpu":
+        p.error("--profile times CPU operators: use it with --device cpu (on CUDA, torch.profiler or nsys)")
     return args
 
 
@@ -469,6 +542,11 @@ def main() -> None:
         ours = res["memory"][f"{'cuda' if args.device == 'cuda' else 'rss'}_beam{args.beam}"]
         ratios["anchor_memory_ratio"] = ratio_line(res["memory"][f"anchor_beam{args.beam}"]["peak_mib"]
                                                    / ours["peak_mib"], None)
+    if args.profile:
+        res["profile"] = op_profile(args, ws)
+        b = f"batch{args.batch}"
+        ratios["profile_wall_ratio"] = ratio_line(res["profile"]["batch1"]["wall (profiler off)"]
+                                                  / res["profile"][b]["wall (profiler off)"], None)
     summary["wall_seconds"] = time.perf_counter() - started
 
     print(f"{args.size} (H={SIZES[args.size]['hidden']}, {SIZES[args.size]['layers']}+{SIZES[args.size]['layers']} "
@@ -477,6 +555,14 @@ def main() -> None:
           f", {torch.get_num_threads()} threads; beam {args.beam}, {args.source_tokens} source tokens, "
           f"{args.target_tokens} summary tokens per document")
     for group, rows in res.items():
+        if group == "profile":
+            b = f"batch{args.batch}"
+            print(f"{'profile (ms per document, self time)':44} {'batch 1':>9} {'batch ' + str(args.batch):>9} "
+                  f"{'shared':>7}")
+            for kind in rows["batch1"]:
+                one, many = rows["batch1"][kind], rows[b][kind]
+                print(f"  {kind:42} {one:9.1f} {many:9.1f} {one / many if many > 0.05 else float('nan'):6.1f}x")
+            continue
         if group == "memory":
             print(f"{'memory (MiB above the pre-call baseline)':44} {'encoder phase':>14} {'decode start':>13} "
                   f"{'decode peak':>12} {'call peak':>10}")
