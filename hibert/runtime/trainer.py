@@ -34,8 +34,9 @@ from hibert.runtime.validation import Validator
 log = logging.getLogger("hibert.train")
 
 # The planned total counts every later epoch's batches exactly up to this many documents x epochs to plan
-# (~1 s of start-up); a Gigaword-sized run estimates the later epochs from the current one instead.
+# (~1 s of start-up on one core); a Gigaword-sized run estimates the later epochs from the current one instead.
 _EXACT_PLAN_DOCS = 2_000_000
+
 
 @dataclass
 class TrainResult:
