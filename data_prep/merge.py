@@ -3,8 +3,10 @@
 Exact duplicates across shards are removed here (a shard writes only the first copy it sees): among
 documents with the same content hash, in every split, the one first in the input (source, unit, record)
 is kept — the same one whatever the number of shards. The
-per-split index lists (shard, chunk) of every kept chunk; doc_num_sentences / doc_num_tokens / doc_source
-are precomputed for token-budget batching.
+per-split index lists (shard, chunk) of every kept chunk in input order (source, file, record, chunk number),
+whatever the number of shards; doc_num_sentences / doc_num_tokens / doc_source are precomputed for
+token-budget batching. Statistics of the kept documents are recomputed from per-document arrays, doc ids
+are checked to be unique per split.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from hibert.data_prep.plan import write_json
 from hibert.data_prep.process import SHARDS_DIR, shard_marker
 from hibert.data_prep.segment import segmenter_info
 from hibert.data_prep.shards import SPLITS, ShardPart, shard_name
+from hibert.errors import UserError
 
 FORMAT_VERSION = 1
 
@@ -68,20 +71,112 @@ def _dedup(parts: dict[tuple[str, int], ShardPart]) -> dict[tuple[str, int], np.
 
 _DOC_STATS = ("words", "truncated_sentences", "empty_sentences_dropped", "split_documents", "extra_chunks",
               "summary_docs", "summary_sentences")
+_CLUSTER_STATS = ("cluster_documents", "truncated_clusters", "dropped_units", "synthetic_clusters")
 
 
-def _doc_stats(p: ShardPart, keep: np.ndarray) -> Counter:
-    """Per-document statistics of the kept documents of one shard part."""
+def _stat_keys(cfg: DataConfig) -> tuple[str, ...]:
+    return _DOC_STATS + (_CLUSTER_STATS if cfg.is_clusters else ())
+
+
+class DuplicateIds(UserError):
+    """Two kept documents of one split share an id: evaluation pairs outputs and references by id."""
+
+
+def _doc_stats(p: ShardPart, keep: np.ndarray, clusters: bool) -> Counter:
+    """Per-document statistics of the kept documents of one shard part (recomputed here, so documents
+    removed as duplicates at the merge do not count)."""
     if not keep.any():
         return Counter()
     st = np.asarray(p.src_stats)[keep].astype(np.int64)
     chunks = np.bincount(np.asarray(p.chunk_src), minlength=len(keep))[keep]
     sums = np.diff(np.asarray(p.sum_doc_offsets))[keep]
-    return Counter({"words": int(st[:, 0].sum()), "truncated_sentences": int(st[:, 1].sum()),
-                    "empty_sentences_dropped": int(st[:, 2].sum()), "split_documents": int((chunks > 1).sum()),
-                    "extra_chunks": int((chunks - 1).sum()),
-                    "summary_docs": int(np.asarray(p.src_has_summary)[keep].sum()),
-                    "summary_sentences": int(sums.sum())})
+    out = Counter({"words": int(st[:, 0].sum()), "truncated_sentences": int(st[:, 1].sum()),
+                   "empty_sentences_dropped": int(st[:, 2].sum()), "split_documents": int((chunks > 1).sum()),
+                   "extra_chunks": int((chunks - 1).sum()),
+                   "summary_docs": int(np.asarray(p.src_has_summary)[keep].sum()),
+                   "summary_sentences": int(sums.sum())})
+    if clusters:
+        cs = np.asarray(p.src_cluster_stats)[keep].astype(np.int64)   # documents, dropped units, synthetic
+        out.update({"cluster_documents": int(cs[:, 0].sum()), "truncated_clusters": int((cs[:, 1] > 0).sum()),
+                    "dropped_units": int(cs[:, 1].sum()), "synthetic_clusters": int(cs[:, 2].sum())})
+    return out
+
+
+def _record(plan: dict[str, Any], order: int) -> str:
+    """Where a record is in the input, from its input key (process.input_key)."""
+    si, ui, ordinal = order >> 52, (order >> 32) & 0xFFFFF, order & 0xFFFFFFFF
+    return f"record {ordinal + 1} of {plan['sources'][si]['units'][ui][0]}"
+
+
+def _id_hashes(p: ShardPart, rows: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of the id of each of these documents (equal ids, equal hashes: within this process)."""
+    data, off = bytes(p.src_ids), np.asarray(p.src_id_offsets).tolist()
+    return np.array([hash(data[off[r]:off[r + 1]]) for r in rows.tolist()], np.int64)
+
+
+def _check_unique_ids(plan: dict[str, Any], split: str, parts: list[ShardPart], hashes: np.ndarray,
+                      where: np.ndarray, order: np.ndarray) -> None:
+    """Kept documents of a split must have distinct ids. hashes, where (shard, row) and order (input key) of each
+    kept document; only documents whose id hashes collide are read back and compared."""
+    idx = np.lexsort((order, hashes))
+    for j in np.flatnonzero(hashes[idx][1:] == hashes[idx][:-1]).tolist():
+        (sa, ra), (sb, rb) = where[idx[j]].tolist(), where[idx[j + 1]].tolist()
+        doc_id = parts[sa].src_id(ra)
+        if doc_id == parts[sb].src_id(rb):
+            raise DuplicateIds(f"document id {doc_id!r} is used twice in the {split} split: "
+                               f"{_record(plan, int(order[idx[j]]))} and {_record(plan, int(order[idx[j + 1]]))}. "
+                               "Evaluation pairs documents by id: give the source an id_field that is unique across "
+                               "its files (or none: ids are then <file stem>:<line>)")
+
+
+def _split_index(cfg: DataConfig, plan: dict[str, Any], split: str, parts: list[ShardPart], keeps: list[np.ndarray],
+                 dup_by_source: Counter) -> tuple[dict[str, np.ndarray], Counter, int]:
+    """The split's per-chunk arrays, in input order (source, file, record, then chunk number): the same rows in
+    the same order whatever the number of shards, and the order a single shard writes."""
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("index", "nsent", "ntok", "nunits", "order", "chunk_no")}
+    stats: Counter = Counter()
+    ids: dict[str, list[np.ndarray]] = {"hashes": [], "where": [], "order": []}
+    for i, (p, k) in enumerate(zip(parts, keeps)):
+        for s in np.asarray(p.src_source)[~k]:
+            dup_by_source[int(s)] += 1
+        chunk_src = np.asarray(p.chunk_src)
+        rows = np.flatnonzero(k[chunk_src]) if len(chunk_src) else np.zeros(0, np.int64)
+        co, so = np.asarray(p.chunk_offsets), np.asarray(p.sent_offsets)
+        src_order = np.asarray(p.src_order)
+        cols["index"].append(np.stack([np.full(len(rows), i, np.int64), rows], axis=1))
+        cols["nsent"].append((co[rows + 1] - co[rows]).astype(np.int32))
+        cols["ntok"].append((so[co[rows + 1]] - so[co[rows]]).astype(np.int32))
+        cols["order"].append(src_order[chunk_src[rows]])
+        cols["chunk_no"].append(np.asarray(p.chunk_no)[rows])
+        if cfg.is_clusters:
+            cuo = np.asarray(p.chunk_unit_offsets)
+            cols["nunits"].append((cuo[rows + 1] - cuo[rows]).astype(np.int32))
+        kept = np.flatnonzero(k)
+        ids["hashes"].append(_id_hashes(p, kept))
+        ids["where"].append(np.stack([np.full(len(kept), i, np.int64), kept], axis=1))
+        ids["order"].append(src_order[kept])
+        stats.update(_doc_stats(p, k, cfg.is_clusters))
+        p.release()   # thousands of shards: never all of their files open at once
+
+    def cat(xs: list[np.ndarray], dt: type, shape: tuple[int, ...] = (0,)) -> np.ndarray:
+        return np.concatenate(xs).astype(dt) if xs else np.zeros(shape, dt)
+
+    _check_unique_ids(plan, split, parts, cat(ids["hashes"], np.int64), cat(ids["where"], np.int64, (0, 2)),
+                      cat(ids["order"], np.int64))
+
+    order, chunk_no = cat(cols["order"], np.int64), cat(cols["chunk_no"], np.int64)
+    perm = np.lexsort((chunk_no, order))
+    order = order[perm]
+    new_doc = np.ones(len(order), bool)
+    new_doc[1:] = order[1:] != order[:-1]
+    arrays = {"index": cat(cols["index"], np.int64, (0, 2))[perm],
+              "doc_num_sentences": cat(cols["nsent"], np.int32)[perm],
+              "doc_num_tokens": cat(cols["ntok"], np.int32)[perm],
+              # dense per-split numbering of source documents (shared by their chunks)
+              "doc_source": (np.cumsum(new_doc) - 1).astype(np.int64)}
+    if cfg.is_clusters:
+        arrays["doc_num_units"] = cat(cols["nunits"], np.int32)[perm]
+    return arrays, stats, int(sum(int(k.sum()) for k in keeps))
 
 
 def merge(cfg: DataConfig, out: Path, plan: dict[str, Any], tokenizer_info: dict[str, Any]) -> dict[str, Any]:
@@ -104,43 +199,17 @@ def merge(cfg: DataConfig, out: Path, plan: dict[str, Any], tokenizer_info: dict
     dup_by_source = Counter()
     splits: dict[str, Any] = {}
     for split in SPLITS:
-        index, nsent, ntok, source, nunits = [], [], [], [], []
-        stats = Counter()
-        offset = 0
-        for i in range(n):
-            p = parts[(split, i)]
-            k = keep[(split, i)]
-            for s in np.asarray(p.src_source)[~k]:
-                dup_by_source[int(s)] += 1
-            chunk_src = np.asarray(p.chunk_src)
-            rows = np.flatnonzero(k[chunk_src]) if len(chunk_src) else np.zeros(0, np.int64)
-            co = np.asarray(p.chunk_offsets)
-            so = np.asarray(p.sent_offsets)
-            index.append(np.stack([np.full(len(rows), i, np.int64), rows], axis=1))
-            nsent.append((co[rows + 1] - co[rows]).astype(np.int32))
-            ntok.append((so[co[rows + 1]] - so[co[rows]]).astype(np.int32))
-            # dense per-split numbering of source documents (shared by their chunks)
-            source.append(offset + (np.cumsum(k) - 1)[chunk_src[rows]])
-            if cfg.is_clusters:
-                cuo = np.asarray(p.chunk_unit_offsets)
-                nunits.append((cuo[rows + 1] - cuo[rows]).astype(np.int32))
-            offset += int(k.sum())
-            stats.update(_doc_stats(p, k))
-            p.release()   # thousands of shards: never all of their files open at once
+        arrays, stats, docs = _split_index(cfg, plan, split, [parts[(split, i)] for i in range(n)],
+                                           [keep[(split, i)] for i in range(n)], dup_by_source)
         d = out / split
         d.mkdir(parents=True, exist_ok=True)
-        cat = (lambda xs, dt, shape=(0,): np.concatenate(xs).astype(dt) if xs else np.zeros(shape, dt))
-        arrays = {"index": cat(index, np.int64, (0, 2)), "doc_num_sentences": cat(nsent, np.int32),
-                  "doc_num_tokens": cat(ntok, np.int32), "doc_source": cat(source, np.int64)}
-        if cfg.is_clusters:
-            arrays["doc_num_units"] = cat(nunits, np.int32)
         for name, arr in arrays.items():
             np.save(d / f"{name}.npy", arr, allow_pickle=False)
-        splits[split] = {"docs": offset, "chunks": len(arrays["index"]),
+        splits[split] = {"docs": docs, "chunks": len(arrays["index"]),
                          "sentences": int(arrays["doc_num_sentences"].sum()),
                          "tokens": int(arrays["doc_num_tokens"].astype(np.int64).sum()),
                          **({"units": int(arrays["doc_num_units"].sum())} if cfg.is_clusters else {}),
-                         **{k: int(stats[k]) for k in _DOC_STATS}, "shards": [shard_name(i) for i in range(n)]}
+                         **{k: int(stats[k]) for k in _stat_keys(cfg)}, "shards": [shard_name(i) for i in range(n)]}
     # stale shard directories from an earlier plan with more shards
     for split in SPLITS:
         for d in (out / split).glob("shard-*"):
@@ -151,10 +220,8 @@ def merge(cfg: DataConfig, out: Path, plan: dict[str, Any], tokenizer_info: dict
             m.unlink()
     dups = sum(dup_by_source.values())
     # statistics of what the dataset holds (recomputed: shard counts still include cross-shard duplicates)
-    for key in ("chunks", "sentences", "tokens", *_DOC_STATS):
+    for key in ("chunks", "sentences", "tokens", *_stat_keys(cfg), *(("units",) if cfg.is_clusters else ())):
         counts[key] = sum(v[key] for v in splits.values())
-    if cfg.is_clusters:
-        counts["units"] = sum(v["units"] for v in splits.values())
     counts["kept"] -= dups
     if dups:
         counts["skipped"]["duplicate"] = counts["skipped"].get("duplicate", 0) + dups

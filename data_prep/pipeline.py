@@ -189,6 +189,7 @@ def prepare(cfg: DataConfig, *, workers: int | None = None, num_shards: int | No
         plan = planning.load(out)
         if plan is None:
             raise FileNotFoundError(f"{out}/{planning.PLAN} is missing: run the shards first")
+        planning.check_settings(cfg, out, plan)
         info = json.loads((out / TOKENIZER_INFO).read_text())["describe"]
         return _merge(cfg, out, plan, info)
     local = shard_index is None

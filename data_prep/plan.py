@@ -95,6 +95,15 @@ def load(out: Path) -> dict[str, Any] | None:
     return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
 
 
+def check_settings(cfg: DataConfig, out: Path, plan: dict[str, Any]) -> None:
+    """A merge describes the shards with the config it is given: it must be the one they were made with."""
+    now, then = content_settings(cfg), plan["settings"]
+    changed = sorted(k for k in now.keys() | then.keys() if now.get(k) != then.get(k))
+    if changed:
+        raise PlanMismatch(f"{out}: its shards were made with other settings (changed: {', '.join(changed)}); "
+                           "merge with the data config the shards were made with, or rerun them with --fresh")
+
+
 def reread_factor(plan: dict[str, Any]) -> float:
     """Bytes the shards read over the input's bytes: a unit cut into p parts is read p times."""
     parts = {(si, ui): p for shard in plan["shards"] for si, ui, _, p in shard}

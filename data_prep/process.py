@@ -125,7 +125,8 @@ class ShardProcessor:
         # the writers stream the shard's tokens and text into tmp as they come (memory does not grow with the
         # shard); the finished directories replace the shard's at the end
         writers = {s: SplitWriter(clusters=cfg.is_clusters, directory=tmp / s) for s in SPLITS}
-        seen: dict[int, int] = {}          # content hash -> input key of the copy written
+        seen: dict[int, int] = {}          # content hash -> input key of the copy written (only once written:
+        # a first copy found unusable later, e.g. an empty summary, must not hide the next one)
         batch: list[tuple[int, R.RawDoc, int, int]] = []
         checksums = {}
         pending_docs = pending_words = 0
@@ -147,17 +148,16 @@ class ShardProcessor:
                 if cfg.dedup and seen.get(h, key) < key:  # an earlier copy is already written
                     counts.skip(si, R.Skip(R.DUPLICATE, rec.file, rec.line, rec.doc_id))
                     continue
-                seen[h] = min(seen.get(h, key), key)
                 batch.append((si, rec, h, key))
                 if len(batch) >= cfg.segmenter.batch_size:
-                    pending_words += self._process(batch, writers, counts)
+                    pending_words += self._process(batch, writers, counts, seen)
                     batch = []
                     if progress and time.time() - last_report > 0.5:
                         progress(pending_docs, pending_words)
                         pending_docs = pending_words = 0
                         last_report = time.time()
         if batch:
-            pending_words += self._process(batch, writers, counts)
+            pending_words += self._process(batch, writers, counts, seen)
         if progress:
             progress(pending_docs, pending_words)
         return self._finish(shard, tmp, writers, counts, checksums,
@@ -165,7 +165,7 @@ class ShardProcessor:
                              "setup_seconds": round(setup, 3)})
 
     def _process(self, batch: list[tuple[int, R.RawDoc, int, int]], writers: dict[str, SplitWriter],
-                 counts: Counts) -> int:
+                 counts: Counts, seen: dict[int, int]) -> int:
         cfg = self.cfg
         items: list[tuple[list[str], bool]] = []
         spans = []
@@ -199,6 +199,10 @@ class ShardProcessor:
                 if not summary:
                     counts.skip(si, R.Skip(R.NO_SENTENCES, rec.file, rec.line, f"{rec.doc_id}: empty summary"))
                     continue
+            if cfg.dedup and seen.get(h, order) < order:  # a copy earlier in this batch was written
+                counts.skip(si, R.Skip(R.DUPLICATE, rec.file, rec.line, rec.doc_id))
+                continue
+            seen[h] = min(seen.get(h, order), order)
             if rec.paragraph_doc is not None:
                 self._write_cluster(si, rec, h, order, paragraphs, summary, writers, counts)
             else:
@@ -212,25 +216,28 @@ class ShardProcessor:
         <= max_unit_sentences), each unit with its document and, with a summary, its ROUGE-2 recall."""
         cfg = self.cfg
         limit = cfg.max_sentence_tokens
-        sentences: list[tuple[list[int], str]] = []
+        full: list[tuple[list[int], str, int]] = []
         units: list[tuple[int, int]] = []
         unit_doc: list[int] = []
-        truncated = words = dropped = 0
+        dropped = 0
         for p, doc in zip(paragraphs, rec.paragraph_doc or []):
             kept = [x for x in p if x[0]]
             dropped += len(p) - len(kept)
-            base = len(sentences)
+            base = len(full)
             for a, b in windows(len(kept), cfg.max_unit_sentences):
                 units.append((base + a, base + b))
                 unit_doc.append(doc)
-            sentences += [(ids[:limit], text) for ids, text, _ in kept]
-            truncated += sum(len(ids) > limit for ids, _, _ in kept)
-            words += sum(w for _, _, w in kept)
-        if len(units) > cfg.max_cluster_units:
+            full += kept
+        dropped_units = max(0, len(units) - cfg.max_cluster_units)
+        if dropped_units:
             counts.stats["truncated_clusters"] += 1
-            counts.stats["dropped_units"] += len(units) - cfg.max_cluster_units
+            counts.stats["dropped_units"] += dropped_units
             units, unit_doc = units[:cfg.max_cluster_units], unit_doc[:cfg.max_cluster_units]
-            sentences = sentences[:units[-1][1]]
+            full = full[:units[-1][1]]
+        # counted over what is stored: the sentences of dropped units are not in the dataset
+        sentences = [(ids[:limit], text) for ids, text, _ in full]
+        truncated = sum(len(ids) > limit for ids, _, _ in full)
+        words = sum(w for _, _, w in full)
         scores = None
         if summary is not None:
             texts = [" ".join(t for _, t in sentences[a:b]) for a, b in units]
@@ -239,11 +246,13 @@ class ShardProcessor:
             counts.stats["summary_sentences"] += len(summary)
         counts.stats["truncated_sentences"] += truncated
         counts.stats["units"] += len(units)
+        synthetic = int(rec.synthetic or cfg.sources[si].synthetic)
         counts.stats["cluster_documents"] += len(set(unit_doc))
-        counts.stats["synthetic_clusters"] += int(rec.synthetic or cfg.sources[si].synthetic)
+        counts.stats["synthetic_clusters"] += synthetic
         split = cfg.sources[si].split or rec.split or assign_split(rec.doc_id, cfg.valid_fraction, cfg.test_fraction)
         writers[split].add_document(rec.doc_id, h, order, si, [sentences], None, summary, (words, truncated, dropped),
-                                    units=(units, unit_doc, scores, rec.title or ""))
+                                    units=(units, unit_doc, scores, rec.title or ""),
+                                    cluster_stats=(len(set(unit_doc)), dropped_units, synthetic))
         counts.kept[si] += 1
         n_tokens = sum(len(ids) for ids, _ in sentences)
         counts.stats["chunks"] += 1

@@ -23,6 +23,7 @@
       unit_doc.npy        int32   [U] document (within its cluster) of each unit
       unit_scores.npy     float32 [U] ROUGE-2 recall of the unit against the summary (0 without one)
       src_title.npy       uint8   UTF-8 cluster titles ("" when none); src_title_offsets.npy int64 [D+1]
+      src_cluster_stats.npy int32 [D, 3] documents, units dropped (max_cluster_units), synthetic (0/1)
     written by merge (data_prep/integrity.py):
       checksums.json              {array file: {bytes, sha256}}; the manifest records this file's own checksum
       .verified.json              the stat cache of the last check (not part of the dataset's content)
@@ -165,6 +166,7 @@ class SplitWriter:
         self.unit_doc = array("i")
         self.unit_scores = array("f")
         self.src_title = _Strings()
+        self.src_cluster_stats = array("i")
         self.sents = _Sentences("", self.directory)
         self.labels = array("B")
         self.chunk_offsets = array("q", [0])
@@ -190,10 +192,12 @@ class SplitWriter:
     def add_document(self, doc_id: str, content_hash: int, order: int, source: int,
                      chunks: list[list[tuple[list[int], str]]], labels: list[int] | None,
                      summary: list[tuple[list[int], str]] | None, stats: tuple[int, int, int] = (0, 0, 0),
-                     units: tuple[list[tuple[int, int]], list[int], "np.ndarray | None", str] | None = None) -> None:
+                     units: tuple[list[tuple[int, int]], list[int], "np.ndarray | None", str] | None = None,
+                     cluster_stats: tuple[int, int, int] = (0, 0, 0)) -> None:
         """chunks: per chunk, (ids, text) per sentence; labels: one per sentence over all chunks;
         stats: (words, truncated sentences, dropped empty sentences); units (clusters: one chunk): the
-        (start, end) sentence range of each unit within it, each unit's document, scores, the title."""
+        (start, end) sentence range of each unit within it, each unit's document, scores, the title;
+        cluster_stats: (documents, dropped units, synthetic)."""
         src = self.num_docs
         if self.clusters:
             if units is None or len(chunks) != 1:
@@ -208,6 +212,7 @@ class SplitWriter:
             self.unit_doc.extend(docs)
             self.unit_scores.extend(np.zeros(len(spans), np.float32) if scores is None else scores)
             self.src_title.add(title)
+            self.src_cluster_stats.extend(cluster_stats)
         self.src_ids.add(doc_id)
         self.src_hash.append(content_hash)
         self.src_order.append(order)
@@ -251,7 +256,8 @@ class SplitWriter:
             arrays.update({"unit_offsets": np.frombuffer(self.unit_offsets, dtype=np.int64),
                            "chunk_unit_offsets": np.frombuffer(self.chunk_unit_offsets, dtype=np.int64),
                            "unit_doc": np.frombuffer(self.unit_doc, dtype=np.int32),
-                           "unit_scores": np.frombuffer(self.unit_scores, dtype=np.float32)})
+                           "unit_scores": np.frombuffer(self.unit_scores, dtype=np.float32),
+                           "src_cluster_stats": np.frombuffer(self.src_cluster_stats, dtype=np.int32).reshape(-1, 3)})
         for name, arr in arrays.items():
             np.save(directory / f"{name}.npy", arr, allow_pickle=False)
 

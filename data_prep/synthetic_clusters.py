@@ -27,6 +27,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from hibert.data_prep import records as R
 from hibert.tfidf import sparse_matrix
 
 EXAMPLES = 5
@@ -88,7 +89,44 @@ def build_clusters(records: list[dict[str, Any]], text_field: str, summary_field
     return clusters, stats
 
 
-def read_records(paths: Iterable[str], text_field: str, summary_field: str) -> tuple[list[dict], Counter, dict]:
+def _encodable(value: Any) -> bool:
+    """False for strings with lone surrogates (a JSON "\\ud800" escape): they cannot be written as UTF-8."""
+    try:
+        str(value).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check(raw: bytes, text_field: str, summary_field: str, split_field: str | None,
+           id_field: str | None) -> dict[str, Any] | str:
+    """The record of a JSONL line, or why it is skipped."""
+    text = R.decode(raw)
+    if text is None:
+        return "invalid_utf8"
+    if not text.strip():
+        return "empty"
+    try:
+        rec = json.loads(text)
+    except (ValueError, RecursionError):  # also nesting too deep, integers over Python's digit limit
+        return "malformed_json"
+    if not isinstance(rec, dict) or not isinstance(rec.get(text_field), str) \
+            or not isinstance(rec.get(summary_field), str):
+        return "missing_field"
+    if split_field and not isinstance(rec.get(split_field), (str, int, type(None))):
+        return "missing_field"    # a split is a name or a number; a list or object cannot group records
+    if id_field and isinstance(rec.get(id_field), (dict, list)):
+        return "missing_field"
+    used = (rec[text_field], rec[summary_field], rec.get(split_field or ""), rec.get(id_field or ""))
+    if not all(_encodable(v) for v in used):
+        return "invalid_utf8"
+    if not rec[text_field].strip() or not rec[summary_field].strip():
+        return "empty"
+    return rec
+
+
+def read_records(paths: Iterable[str], text_field: str, summary_field: str, split_field: str | None = None,
+                 id_field: str | None = None) -> tuple[list[dict], Counter, dict]:
     """Well-formed records of JSONL files; bad lines are counted with their file:line (first 5 per reason)."""
     records: list[dict] = []
     skipped: Counter = Counter()
@@ -100,25 +138,13 @@ def read_records(paths: Iterable[str], text_field: str, summary_field: str) -> t
             examples[reason].append(where)
 
     for path in paths:
-        with open(path, encoding="utf-8", errors="strict") as f:
-            for n, line in enumerate(f, 1):
-                where = f"{path}:{n}"
-                if not line.strip():
-                    skip("empty", where)
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    skip("malformed_json", where)
-                    continue
-                if not isinstance(rec, dict) or not isinstance(rec.get(text_field), str) \
-                        or not isinstance(rec.get(summary_field), str):
-                    skip("missing_field", where)
-                    continue
-                if not rec[text_field].strip() or not rec[summary_field].strip():
-                    skip("empty", where)
-                    continue
-                records.append(rec)
+        with open(path, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                reason = _check(raw, text_field, summary_field, split_field, id_field)
+                if isinstance(reason, str):
+                    skip(reason, f"{path}:{n}")
+                else:
+                    records.append(reason)
     return records, skipped, examples
 
 
@@ -137,7 +163,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     t0 = time.time()
-    records, bad, examples = read_records(args.input, args.text_field, args.summary_field)
+    records, bad, examples = read_records(args.input, args.text_field, args.summary_field, args.split_field,
+                                          args.id_field)
     clusters, stats = build_clusters(records, args.text_field, args.summary_field, args.id_field, args.split_field,
                                      args.neighbours, args.min_similarity, args.max_similarity, args.seed)
     out = Path(args.output)

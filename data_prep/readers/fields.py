@@ -37,12 +37,33 @@ def _summary(obj: Mapping[str, Any], source: SourceConfig, raw: str, file: str, 
     return split_summary(sraw, source, raw)
 
 
+def _encodable(text: str) -> bool:
+    """False for lone surrogates (a JSON "\\ud800" escape): text that cannot be written as UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _title(obj: Mapping[str, Any], source: SourceConfig, file: str, line: int) -> str | None | R.Skip:
+    """The record's title, whitespace collapsed (None when it has none)."""
+    title = obj.get(source.title_field) if source.title_field else None
+    if not isinstance(title, str) or not title.strip():
+        return None
+    if not _encodable(title):
+        return R.Skip(R.INVALID_UTF8, file, line, f"in the title {source.title_field!r}")
+    return " ".join(title.split())
+
+
 def _doc_id(obj: Mapping[str, Any], source: SourceConfig, default_id: str, file: str, line: int) -> str | R.Skip:
     if not source.id_field:
         return default_id
     native = obj.get(source.id_field)
     if native is None or isinstance(native, (dict, list)):
         return R.Skip(R.MISSING_FIELD, file, line, f"no usable {source.id_field!r}")
+    if not _encodable(str(native)):
+        return R.Skip(R.INVALID_UTF8, file, line, f"in the id {source.id_field!r}")
     return str(native)
 
 
@@ -78,10 +99,12 @@ def record_from_fields(obj: Mapping[str, Any], source: SourceConfig, name: str, 
     summary = _summary(obj, source, raw, file, line, max_chars)
     if isinstance(summary, R.Skip):
         return summary
-    if source.include_title and source.title_field:
-        title = obj.get(source.title_field)
-        if isinstance(title, str) and title.strip():
-            paragraphs = [" ".join(title.split()), *paragraphs]
+    if source.include_title:
+        title = _title(obj, source, file, line)
+        if isinstance(title, R.Skip):
+            return title
+        if title:
+            paragraphs = [title, *paragraphs]
     doc_id = _doc_id(obj, source, default_id, file, line)
     if isinstance(doc_id, R.Skip):
         return doc_id
@@ -112,7 +135,8 @@ def cluster_record(paragraphs: list[str], owner: list[int], obj: Mapping[str, An
     doc_id = _doc_id(obj, source, default_id, file, line)
     if isinstance(doc_id, R.Skip):
         return doc_id
-    title = obj.get(source.title_field) if source.title_field else None
-    return R.RawDoc(f"{name}:{doc_id}", paragraphs, summary, file, line, paragraph_doc=owner,
-                    title=" ".join(title.split()) if isinstance(title, str) and title.strip() else None,
+    title = _title(obj, source, file, line)
+    if isinstance(title, R.Skip):
+        return title
+    return R.RawDoc(f"{name}:{doc_id}", paragraphs, summary, file, line, paragraph_doc=owner, title=title,
                     synthetic=bool(obj.get("synthetic") is True))

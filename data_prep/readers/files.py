@@ -5,8 +5,12 @@ import glob
 import gzip
 import hashlib
 import os
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+from hibert.errors import UserError
 
 
 def expand(path: str, suffixes: tuple[str, ...] = ()) -> list[Path]:
@@ -21,11 +25,36 @@ def expand(path: str, suffixes: tuple[str, ...] = ()) -> list[Path]:
     return sorted(Path(x) for x in glob.glob(path, recursive=True) if Path(x).is_file())
 
 
-def open_binary(path: Path) -> BinaryIO:
-    """Gzipped or plain, by magic number rather than suffix (LDC ships both)."""
-    with open(path, "rb") as f:
-        magic = f.read(2)
-    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+class Lines:
+    """The lines of a file, gzipped or plain (by magic number rather than suffix: LDC ships both). Damaged gzip
+    data (truncated, corrupt) is a UserError naming the file and the last line read, not a bare traceback."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        with open(self.path, "rb") as f:
+            magic = f.read(2)
+        self.file: BinaryIO = gzip.open(self.path, "rb") if magic == b"\x1f\x8b" else open(self.path, "rb")
+
+    def __enter__(self) -> Lines:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()
+
+    def __iter__(self) -> Iterator[bytes]:
+        n = 0
+        try:
+            for raw in self.file:
+                n += 1
+                yield raw
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+            where = f"after line {n:,}" if n else "before its first line"
+            raise UserError(f"{self.path}: damaged gzip data {where} ({e}); the file is truncated or corrupt: "
+                            "fetch or compress it again") from None
+
+
+def open_binary(path: Path) -> Lines:
+    return Lines(path)
 
 
 def file_units(paths: list[Path]) -> list[tuple[str, int]]:

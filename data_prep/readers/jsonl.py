@@ -39,8 +39,8 @@ def json_objects(unit: str, part: int, parts: int,
                 continue
             try:
                 obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                yield R.Skip(R.MALFORMED_JSON, unit, line, str(e))
+            except (ValueError, RecursionError) as e:  # also nesting too deep, integers over Python's digit limit
+                yield R.Skip(R.MALFORMED_JSON, unit, line, f"{type(e).__name__}: {str(e)[:150]}")
                 continue
             if not isinstance(obj, dict):
                 yield R.Skip(R.MALFORMED_JSON, unit, line, f"not an object but {type(obj).__name__}")
@@ -51,8 +51,9 @@ def json_objects(unit: str, part: int, parts: int,
 def read(source: SourceConfig, name: str, unit: str, max_chars: int,
          part: int, parts: int) -> Iterator[R.RawDoc | R.Skip]:
     stem = Path(unit).name.split(".")[0]
-    # UTF-8 is at most 4 bytes a character: a longer line is too long for sure
-    for got in json_objects(unit, part, parts, max_bytes=4 * max_chars):
+    # a character is at most 12 bytes of JSON (a \uXXXX escaped surrogate pair): a longer line is too long for sure;
+    # the decoded text's length is checked after parsing
+    for got in json_objects(unit, part, parts, max_bytes=12 * max_chars):
         if isinstance(got, R.Skip):
             yield got
             continue

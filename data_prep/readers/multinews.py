@@ -8,6 +8,7 @@ one-document cluster; its paragraphs (or windows of sentences) are still the uni
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import zip_longest
 from pathlib import Path
 
 from hibert.config.data import SourceConfig
@@ -15,6 +16,7 @@ from hibert.data_prep import records as R
 from hibert.data_prep.readers.fields import cluster_record
 from hibert.data_prep.readers.files import expand, file_units, open_binary, sha256_file
 from hibert.data_prep.readers.jsonl import json_objects
+from hibert.errors import UserError
 
 SEPARATOR = "|||||"
 NEWLINE = "NEWLINE_CHAR"
@@ -51,6 +53,11 @@ def _paragraphs_of(docs: list[str]) -> tuple[list[str], list[int]]:
     return paragraphs, owner
 
 
+def _unpaired(src: Path, tgt: Path, n_src: int, n_tgt: int) -> UserError:
+    return UserError(f"{src} has {n_src} lines but {tgt} has {n_tgt}: Multi-News .src/.tgt files pair line by "
+                     "line (one cluster, one summary), so one of them is truncated or belongs to another split")
+
+
 def read(source: SourceConfig, name: str, unit: str, max_chars: int,
          part: int, parts: int) -> Iterator[R.RawDoc | R.Skip]:
     path = Path(unit)
@@ -60,7 +67,10 @@ def read(source: SourceConfig, name: str, unit: str, max_chars: int,
         if not tgt.is_file():
             raise FileNotFoundError(f"{unit}: Multi-News source without its summaries {tgt}")
         with open_binary(path) as src, open_binary(tgt) as ref:
-            for i, (raw, raw_sum) in enumerate(zip(src, ref)):
+            for i, (raw, raw_sum) in enumerate(zip_longest(src, ref)):
+                if raw is None or raw_sum is None:   # the pairing is off: every cluster after it is suspect
+                    raise _unpaired(path, tgt, i + (raw is not None) + sum(1 for _ in src),
+                                    i + (raw_sum is not None) + sum(1 for _ in ref))
                 if i % parts != part:
                     continue
                 line = i + 1
