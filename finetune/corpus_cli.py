@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 from hibert.config import Config
@@ -18,9 +20,15 @@ from hibert.errors import UserError
 from hibert.finetune.base.corpus import (
     Shard,
     Source,
+    check_output,
+    check_settings,
+    check_shard_count,
+    check_unlocked,
     done_path,
+    export_digest,
     merge,
     part_path,
+    read_stats,
     stats_line,
     stats_path,
     summarize_shard,
@@ -43,18 +51,18 @@ def run_summarize_corpus(cfg: Config, args: argparse.Namespace, settings: Summar
         return _fail("--output needs --input (a .jsonl file or a saved datasets directory)")
     if args.limit:
         return _fail("--limit does not apply to --output (a corpus is summarized whole; cut the input instead)")
-    if output.is_file() and stats_path(output).is_file():
-        import json
-
-        print(f"already complete: {stats_line(json.loads(stats_path(output).read_text()), output)}")
-        return 0
     try:
+        check_output(output, Path(args.input[0]))
+        if output.is_file() and stats_path(output).is_file():
+            stats = read_stats(output)
+            if stats is not None:
+                print(f"already complete: {stats_line(stats, output)}")
+                return 0
+            print(f"hibert summarize: note: {stats_path(output)} cannot be read: summarizing (or merging) again",
+                  file=sys.stderr)
         return _run(cfg, args, settings, output)
     except UserError as e:
         return _fail(str(e))
-    except (ValueError, KeyError) as e:  # a damaged part file (a line that is not one of ours)
-        return _fail(f"{output}: a part file holds a line this command did not write ({type(e).__name__}: "
-                     f"{str(e)[:200]}); remove the part files to start over", 1)
 
 
 def _run(cfg: Config, args: argparse.Namespace, settings: SummarizeSettings, output: Path) -> int:
@@ -66,32 +74,49 @@ def _run(cfg: Config, args: argparse.Namespace, settings: SummarizeSettings, out
     from hibert.registry import resolve_model, tracking_uri
 
     shard = Shard.parse(args.shard) if args.shard else Shard(0, 1)
-    if args.merge:
+    if args.merge:   # joins the parts: the input only names itself in the stats
         if not args.shards:
             return _fail("--merge needs --shards N (how many shards the corpus was split into)")
-        stats = merge(output, args.shards, Path(args.input[0]).name)
+        try:
+            name = Source(Path(args.input[0]), args.field, args.id_field, args.split).name
+        except UserError:
+            name = Path(args.input[0]).name
+        stats = merge(output, args.shards, name)
         print(stats_line(stats, output))
         return 0
+    # the input is checked before the model resolves: its problems are not the model's
+    source = Source(Path(args.input[0]), args.field, args.id_field, args.split)
+    local_procs = args.nproc > 1 and not args.shard
+    check_shard_count(output, args.nproc if local_procs else shard.count)
+    if local_procs:
+        check_unlocked(output, args.nproc)
+    source.check()
     ref = model_ref(cfg, args.model)
     try:
         # array tasks of one job resolve the model at the same time: each into its own directory
         dst = cfg.run_dir / ("summarize-model" if shard.count == 1 else f"summarize-model-shard{shard.index}")
         local = resolve_model(ref, tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False), dst)
         head = head_of_export(local)
-        source = Source(Path(args.input[0]), args.field, args.id_field, args.split, head.reads == "clusters",
-                        max_doc_chars(local))
-        total = source.count(shard) if not args.no_progress and os.environ.get(CHILD_ENV) != "1" else None
-        if args.nproc > 1 and not args.shard:
-            return _run_local(args.nproc, local, source, output, total)
-        generation = generation_for_export(local, settings) if head.decodes else None
+        source.clusters, source.max_chars = head.reads == "clusters", max_doc_chars(local)
         if head.summarizer is None:
             return _fail(f"cannot load model {ref!r}: a {head.name} model does not summarize")
+    except (FileNotFoundError, ValueError) as e:
+        return _fail(f"cannot load model {args.model or ref!r}: {e}")
+    # what the parts are made with: a resume with another model or other flags would mix two kinds of summary
+    fingerprint = {"model": export_digest(local), "model_ref": args.model or ref, "field": args.field,
+                   "split": source.split, "settings": asdict(settings)}
+    child = os.environ.get(CHILD_ENV) == "1"
+    total = source.count(shard) if not args.no_progress and not child else None
+    if local_procs:
+        check_settings(output, fingerprint)
+        return _run_local(args.nproc, local, source, output, total)
+    try:
+        generation = generation_for_export(local, settings) if head.decodes else None
         summarizer = head.summarizer(cfg, local, default_device(), generation, settings)
     except DecodingFlagError as e:
         return _fail(str(e))
     except (FileNotFoundError, ValueError) as e:
         return _fail(f"cannot load model {args.model or ref!r}: {e}")
-    child = os.environ.get(CHILD_ENV) == "1"
     note = fluency_note(local) if head.decodes and not child else None
     if note:
         print(f"hibert summarize: note: {note}", file=sys.stderr)
@@ -102,7 +127,7 @@ def _run(cfg: Config, args: argparse.Namespace, settings: SummarizeSettings, out
         bar = tqdm(total=total, unit="doc", desc=f"summarize {source.name}", file=sys.stderr, dynamic_ncols=True)
     try:
         result = summarize_shard(summarizer.summarize_all, source, output, shard, args.window,
-                                 on_window=bar.update if bar else None)
+                                 on_window=bar.update if bar else None, fingerprint=fingerprint)
     finally:
         if bar is not None:
             bar.close()
@@ -148,25 +173,78 @@ def _child_argv(n: int, i: int, local: Path) -> list[str]:
     return [sys.executable, "-m", "hibert.cli", *argv, "--model", str(local), "--shard", f"{i}/{n}"]
 
 
-def _run_local(n: int, local: Path, source: Source, output: Path, total: int | None) -> int:
-    """n processes, one shard each; one progress bar (lines appended to the parts); merge when all are done."""
-    threads = max(1, (os.cpu_count() or 1) // n)
-    procs = []
-    for i, device in enumerate(_devices(n)):
-        env = {**os.environ, CHILD_ENV: "1", "OMP_NUM_THREADS": str(threads)}
-        if device is not None:
-            env["CUDA_VISIBLE_DEVICES"] = device
-        procs.append(subprocess.Popen(_child_argv(n, i, local), env=env))
-    bar = None
-    if total is not None:
-        from tqdm import tqdm
+class _Stopped(Exception):
+    """A stop signal reached the --nproc parent: its shard processes are stopped too."""
 
-        bar = tqdm(total=total, unit="doc", desc=f"summarize {source.name} ({n} processes)",
-                   file=sys.stderr, dynamic_ncols=True)
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)   # kill, timeout(1), a closed terminal, Slurm
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """For a shard process: SIGTERM when the parent dies, even by SIGKILL (Linux), so that no orphan keeps
+    writing its part. libc is loaded here, in the parent: the child only calls it, between fork and exec."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    return lambda: libc.prctl(1, signal.SIGTERM)   # 1: PR_SET_PDEATHSIG
+
+
+def _run_local(n: int, local: Path, source: Source, output: Path, total: int | None) -> int:
+    """n processes, one shard each; one progress bar (lines appended to the parts); merge when all are done.
+    A stop signal (SIGTERM, SIGHUP, SIGUSR1, Ctrl-C) is passed on to the shard processes and waited for: what
+    they wrote is kept and a rerun resumes it."""
+    stopping: list[int] = []   # the signal that stops the run; [.., 0]: the processes are being stopped anyway
+
+    def on_signal(signum: int, _frame) -> None:  # noqa: ANN001
+        if not stopping:   # a signal while the processes are being stopped changes nothing
+            stopping.append(signum)
+            raise _Stopped(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in _STOP_SIGNALS}
+    try:
+        code = _run_processes(n, local, source, output, total, stopping)
+    except _Stopped as e:   # before any process started
+        return _fail(f"stopped by {signal.Signals(e.signum).name}", 128 + e.signum)
+    finally:   # the merge below stops as any command does
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if code is not None:
+        return code
+    try:
+        stats = merge(output, n, source.name)
+    except UserError as e:
+        return _fail(str(e), 1)
+    print(stats_line(stats, output))
+    return 0
+
+
+def _run_processes(n: int, local: Path, source: Source, output: Path, total: int | None,
+                   stopping: list[int]) -> int | None:
+    """The exit code of a run that failed or was stopped; None when every shard finished."""
+    threads = max(1, (os.cpu_count() or 1) // n)
+    pre_exec = _die_with_parent()
+    procs: list[subprocess.Popen] = []
+    bar = None
     seen = [0] * n
     offsets = [0] * n
     failed: list[int] = []
     try:
+        for i, device in enumerate(_devices(n)):
+            env = {**os.environ, CHILD_ENV: "1", "OMP_NUM_THREADS": str(threads)}
+            if device is not None:
+                env["CUDA_VISIBLE_DEVICES"] = device
+            procs.append(subprocess.Popen(_child_argv(n, i, local), env=env, preexec_fn=pre_exec))
+        if total is not None:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, unit="doc", desc=f"summarize {source.name} ({n} processes)",
+                       file=sys.stderr, dynamic_ncols=True)
         while True:
             for i in range(n):   # lines appended to each part since the last look
                 part = part_path(output, Shard(i, n))
@@ -185,12 +263,16 @@ def _run_local(n: int, local: Path, source: Source, output: Path, total: int | N
             if failed or all(c == 0 for c in codes):
                 break
             time.sleep(0.5)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Stopped) as e:
         failed = list(range(n))
+        if isinstance(e, KeyboardInterrupt):
+            stopping.append(signal.SIGINT)
     finally:
+        if not stopping:
+            stopping.append(0)   # from here on a stop signal only ends what is stopped below anyway
         if bar is not None:
             bar.close()
-        if failed:
+        if failed or stopping[0]:
             for p in procs:
                 if p.poll() is None:
                     p.send_signal(signal.SIGTERM)
@@ -199,13 +281,12 @@ def _run_local(n: int, local: Path, source: Source, output: Path, total: int | N
                     p.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     p.kill()
+                    p.wait()
+    if stopping[0]:
+        return _fail(f"stopped by {signal.Signals(stopping[0]).name}: the shard processes were stopped; what was "
+                     "written is kept: rerun the same command to resume", 128 + stopping[0])
     if failed:
         done = sum(done_path(part_path(output, Shard(i, n))).is_file() for i in range(n))
         return _fail(f"shard process(es) {failed} failed ({done} of {n} shards finished); what was written is kept: "
                      "rerun the same command to resume", 1)
-    try:
-        stats = merge(output, n, source.name)
-    except UserError as e:
-        return _fail(str(e), 1)
-    print(stats_line(stats, output))
-    return 0
+    return None

@@ -145,4 +145,31 @@ class SlurmConfig(SlurmResources):
             unknown = [a for a in s.after or [] if a not in names[:i]]
             if unknown:
                 raise ValueError(f"slurm.pipeline[{i}] ({s.name}): after={unknown} must name earlier stages")
+        self._check_summarize_pairs()
         return self
+
+    def _check_summarize_pairs(self) -> None:
+        """A summarize-merge stage joins the parts of a summarize stage with the same --output, and an array of
+        several summarize tasks needs one: otherwise the chain could only fail (or stop short) at its end."""
+        sums = {_flag(s.args, "--output", "-o"): s.name for s in self.pipeline if s.command == "summarize"}
+        merges = {_flag(s.args, "--output", "-o"): s.name for s in self.pipeline if s.command == "summarize-merge"}
+        for out, name in merges.items():
+            if out not in sums:
+                raise ValueError(f"slurm.pipeline: stage {name!r} (summarize-merge) merges --output {out}, which no "
+                                 f"summarize stage writes (theirs: {', '.join(map(str, sums)) or 'none'})")
+        if self.summarize_shards > 1:
+            alone = [name for out, name in sums.items() if out not in merges]
+            if alone:
+                raise ValueError(f"slurm.pipeline: stage {alone[0]!r} runs as {self.summarize_shards} array tasks "
+                                 "(slurm.summarize_shards), but no summarize-merge stage with its --output joins "
+                                 "their parts: add one, or set slurm.summarize_shards: 1")
+
+
+def _flag(args: list[str], name: str, short: str) -> str | None:
+    """The value of `name` (or `short`) in a stage's args: `--output X` or `--output=X`."""
+    for i, a in enumerate(args):
+        if a in (name, short) and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
