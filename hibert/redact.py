@@ -45,21 +45,25 @@ def is_secret_name(name: str) -> bool:
 # scheme://userinfo@ — userinfo runs to the LAST '@' before the path, so an unencoded '@' in a
 # password is still covered.
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#\s'\"]*)@")
-# name=value (query strings, connection strings, shell assignments, --flag=value)
+# name=value (query strings, connection strings, shell assignments, --flag=value); an auth scheme word
+# (`auth=Basic <base64>`) is part of the value, so the credential after it is masked too
 _ASSIGN = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>\s*=\s*)"
-                     r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s&;,'\"]+)")
+                     r"(?P<value>\"[^\"]*\"|'[^']*'|(?:(?i:Bearer|Basic|Token|Digest)\s+)?[^\s&;,'\"]+)")
 # `Name: value` headers / YAML / JSON ("name": "value"); the colon must be followed by a space or quote
 _COLON = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>\"?\s*:\s+\"?|\"?:\")"
-                    r"(?P<value>(?:(?:Bearer|Basic|Token|Digest)\s+)?[^\s,;\"'}]+)")
+                    r"(?P<value>(?:(?i:Bearer|Basic|Token|Digest)\s+)?[^\s,;\"'}]+)")
 # --password value / -p value style flags
-_FLAG = re.compile(r"(?P<name>--[A-Za-z][A-Za-z0-9_-]*)(?P<sep>\s+)(?P<value>\"[^\"]*\"|'[^']*'|[^\s\"'-][^\s]*)")
+_FLAG = re.compile(r"(?P<name>--[A-Za-z][A-Za-z0-9_-]*)(?P<sep>\s+)"
+                   r"(?P<value>\"[^\"]*\"|'[^']*'|(?:(?i:Bearer|Basic|Token|Digest)\s+)?[^\s\"'-][^\s]*)")
 # tokens recognisable without a name
 _KNOWN = re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|hf_[A-Za-z0-9]{20,}"
                     r"|sk-[A-Za-z0-9_-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,}|(?:AKIA|ASIA)[0-9A-Z]{16})\b")
-# user:password@host where the password holds what a URI may not (/ # ? or a space, unencoded): the password
-# runs to the first '@' that is followed by a host (and port) and then a path, a quote, a space or the end
-_USERINFO_LOOSE = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:/@\s'\"]*):(?P<pw>[^\n'\"@]*?)"
-                             r"@(?=[A-Za-z0-9][A-Za-z0-9.-]*(?::\d+)?(?:[/?#\s'\"]|$))")
+# user:password@host where the password holds what a URI may not (/ # ? quotes or a space, unencoded): the
+# password runs to the first '@' that is followed by a host (name, IPv4 or [IPv6], and port) and then a path, a
+# quote, a space or the end. Quotes are allowed in it (`it's`), so a quoted URI followed by an e-mail address on
+# the same line loses the text between them: over-eager on purpose
+_USERINFO_LOOSE = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^\n@]*?)"
+                             r"@(?=(?:[A-Za-z0-9][A-Za-z0-9._-]*|\[[0-9A-Fa-f:.]*\]?)(?::\w*)?(?:[/?#\s'\"]|$))")
 # secrets carried in a URL path: Slack / Discord / Teams-style incoming webhooks
 _WEBHOOK = re.compile(r"(?P<base>https?://(?:hooks\.slack\.com/(?:services|workflows)|(?:[a-z]+\.)?discord(?:app)?\.com"
                       r"/api/webhooks|[A-Za-z0-9.-]+\.webhook\.office\.com/webhookb2))/[^\s'\"]+")

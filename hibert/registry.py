@@ -54,9 +54,34 @@ def bound_http_retries() -> None:
         os.environ.setdefault(key, value)
 
 
+def _ssl_context() -> Any:
+    """The TLS verification MLflow's own client applies (requests with `verify=`): a CA bundle named by
+    MLFLOW_TRACKING_SERVER_CERT_PATH, else none with MLFLOW_TRACKING_INSECURE_TLS, else REQUESTS_CA_BUNDLE /
+    CURL_CA_BUNDLE, else the system's; and a client certificate (MLFLOW_TRACKING_CLIENT_CERT_PATH). Without it
+    a server behind an internal CA would be reported unreachable although MLflow reaches it."""
+    import ssl
+
+    env = os.environ.get
+    insecure = (env("MLFLOW_TRACKING_INSECURE_TLS") or "").strip().lower() in ("true", "1")
+    bundle = env("MLFLOW_TRACKING_SERVER_CERT_PATH") or (
+        None if insecure else env("REQUESTS_CA_BUNDLE") or env("CURL_CA_BUNDLE"))
+    if bundle:
+        ctx = ssl.create_default_context(**({"capath": bundle} if os.path.isdir(bundle) else {"cafile": bundle}))
+    elif insecure:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    else:
+        ctx = ssl.create_default_context()
+    if env("MLFLOW_TRACKING_CLIENT_CERT_PATH"):
+        ctx.load_cert_chain(env("MLFLOW_TRACKING_CLIENT_CERT_PATH"))
+    return ctx
+
+
 def _probe(uri: str, timeout: float) -> str | None:
-    """None when an http(s) tracking server answers GET /health within `timeout` seconds (any HTTP answer
-    counts: a 404 or 401 still shows a live server), else why not. Other stores: None."""
+    """None when an http(s) tracking server answers GET /health within `timeout` seconds, else why not. Any
+    answer below 500 counts (a 404 or 401 still shows a live server); a 5xx is a proxy or gateway whose backend
+    is down, so unreachable. Other stores: None. A URI that cannot be parsed is a `UserError`, password masked."""
     if not uri.startswith(("http://", "https://")):
         return None
     import base64
@@ -64,19 +89,28 @@ def _probe(uri: str, timeout: float) -> str | None:
     import urllib.parse
     import urllib.request
 
-    parts = urllib.parse.urlsplit(uri)
+    from hibert.errors import UserError
+    from hibert.redact import redact_uri
+
+    try:
+        parts = urllib.parse.urlsplit(uri)
+        port = parts.port
+    except ValueError as e:   # a port out of range or not a number, an unclosed [IPv6 literal
+        raise UserError(f"tracking URI {redact_uri(uri)} is malformed ({redact_uri(str(e))}): fix tracking.uri / "
+                        "$MLFLOW_TRACKING_URI") from None
     headers = {}
     if parts.username is not None:  # urllib does not read userinfo: send it as basic auth, as MLflow would
         token = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
         headers["Authorization"] = "Basic " + base64.b64encode(token.encode()).decode()
     host = parts.hostname or ""
     netloc = f"[{host}]" if ":" in host else host
-    netloc += f":{parts.port}" if parts.port else ""
+    netloc += f":{port}" if port else ""
     url = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/health", "", ""))
     try:
-        urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout).close()
-    except urllib.error.HTTPError:
-        return None
+        ctx = _ssl_context() if parts.scheme == "https" else None
+        urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout, context=ctx).close()
+    except urllib.error.HTTPError as e:
+        return f"HTTP {e.code} {e.reason}" if e.code >= 500 else None
     except (urllib.error.URLError, OSError, ValueError) as e:
         return str(getattr(e, "reason", e))
     return None

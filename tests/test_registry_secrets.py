@@ -44,6 +44,14 @@ SECRETS = ["hunter2", "s3cr3t", "abc123tok", "ghp_abcdefghijklmnopqrstuvwxyz0123
     # passwords holding what a URI may not, unencoded: / # ? and spaces
     ("http://bob:hun/ter#2?x y@mlflow.example.org:5000/api", "http://bob:***@mlflow.example.org:5000/api"),
     ("tracking.uri=https://bob:a b@host", "tracking.uri=https://bob:***@host"),
+    # quotes in the password, an IPv6 host, a port that is not one; the credential after an auth scheme
+    ("http://alice:it's-hunter2@127.0.0.1:1", "http://alice:***@127.0.0.1:1"),
+    ('https://alice:pa"s3cr3t@host:5000', "https://alice:***@host:5000"),
+    ("'http://bob:hunter2@[::1]:5000'", "'http://bob:***@[::1]:5000'"),
+    ("https://bob:hunter2@[::1", "https://bob:***@[::1"),
+    ("http://bob:hunter2@host:notaport", "http://bob:***@host:notaport"),
+    ("auth=Basic YWxpY2U6aHVudGVyMg== next", "auth=*** next"),
+    ("curl --auth bearer abc123tok https://h", "curl --auth *** https://h"),
     ("https://hooks.slack.com/services/T0000/B0000/XXXXXXXXXXXXXXXX", "https://hooks.slack.com/services/***"),
     ("https://discord.com/api/webhooks/123/abcDEF", "https://discord.com/api/webhooks/***"),
     ("mysql -u root -p hunter2 mlflow", "mysql -u root -p *** mlflow"),

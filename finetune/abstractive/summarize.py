@@ -24,7 +24,7 @@ class AbstractiveSummarizer:
         todo = [i for i, (texts, _, _) in enumerate(encoded) if texts]
         # the encoder reads the first max_doc_sentences sentences, as in training
         decoded = self.decoder.summarize_ids([encoded[i][1][:step] for i in todo], generation)
-        out = [Summary(doc_id, [], [], 0, "no sentences found") for doc_id, _ in docs]
+        out = [Summary(doc_id, [], [], 0, "no sentences found", 0) for doc_id, _ in docs]  # 0: every row has the key
         for i, d in zip(todo, decoded):
             texts, _, ptb = encoded[i]
             notes = (["input read as PTB-tokenized text"] if ptb else []) + \

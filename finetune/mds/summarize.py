@@ -68,7 +68,7 @@ class ClusterSummarizer:
         if self.mds.graph_attention:
             graphs = [units_graph(t, c, self.mds) for t, c in zip(batch_texts, batch)]
         decoded = self.decoder.summarize_ids(batch, generation, graphs=graphs)
-        out = [Summary(cid, [], [], 0, "no sentences found") for cid, _ in clusters]
+        out = [Summary(cid, [], [], 0, "no sentences found", 0) for cid, _ in clusters]  # 0: every row has the key
         for i, d in zip(todo, decoded):
             texts, _, ptb = prepared[i]
             n_units, n_sents = len(texts), sum(len(t) for t in texts)

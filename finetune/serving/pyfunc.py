@@ -121,16 +121,14 @@ class HibertPyfunc:
                 for dest, (_, flag) in sorted(names.items(), key=lambda kv: -len(kv[1][1])):
                     message = message.replace(flag, f"params.{dest}")
                 raise _bad(message) from None
-        if "k" in params and params["k"] is not None:
-            extra = sorted(set(params) - {"k"})
-            if extra:
-                raise _bad(f"unknown params {extra}: this model takes ['k']")
-            if int(params["k"]) < 1:
-                raise _bad(f"params.k {params['k']}: must be >= 1")
-            return {"k": int(params["k"])}
-        if params:
-            raise _bad(f"unknown params {sorted(params)}: this model takes none")
-        return {}
+        unknown = sorted(set(params) - {"k"})
+        if unknown:
+            raise _bad(f"unknown params {unknown}: this model takes ['k']")
+        if params.get("k") is None:   # None: the model's own k, as None is the default for the decoding heads
+            return {}
+        if int(params["k"]) < 1:
+            raise _bad(f"params.k {params['k']}: must be >= 1")
+        return {"k": int(params["k"])}
 
     # ---------------------------------------------------------------------------------------------- predict
     def predict(self, model_input, params: dict[str, Any] | None = None):

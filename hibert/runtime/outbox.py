@@ -7,10 +7,12 @@ in order, once the server answers again — during the run, at its end (waiting 
 
 Operations (each carries its `run_id`): `metrics` (values, step, timestamp: re-sent with the time they were
 measured), `artifacts` (a local directory that stays in the run directory), `register` (a model version of
-the export, then `registry.json` is rewritten with its number) and `end` (the run's final status).
+the export, then `registry.json` is rewritten with its number), `resume` (the rest of a run's start: status
+RUNNING, its tags, a new run's params) and `end` (the run's final status).
 
-An operation the server *refuses* while answering (a bad value, a permission) is not retried forever: it
-moves to `outbox.rejected.jsonl` with the server's message, and is counted in the warning.
+An operation the server *refuses* (a 4xx: a bad value, a permission) is not retried forever: it moves to
+`outbox.rejected.jsonl` with the server's message, and is counted in the warning. A 5xx (a reverse proxy whose
+backend is down, an overloaded server) is an outage like no answer at all: the operation stays queued.
 """
 from __future__ import annotations
 
@@ -39,10 +41,31 @@ class Outbox:
 
     def append(self, op: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._cut_partial_tail()
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(op, sort_keys=True) + "\n")
             f.flush()
             os.fsync(f.fileno())  # a kill -9 right after must not lose what the run believes is kept
+
+    def _cut_partial_tail(self) -> None:
+        """Drop a last line cut short by a crash mid-write (never acknowledged) before appending: a new line
+        joined onto it would make one bad line in the middle, losing that operation and every later read."""
+        try:
+            with self.path.open("r+b") as f:
+                size = f.seek(0, os.SEEK_END)
+                if size == 0:
+                    return
+                f.seek(size - 1)
+                if f.read(1) == b"\n":
+                    return
+                f.seek(0)
+                keep = f.read().rfind(b"\n") + 1
+                f.truncate(keep)
+                f.flush()
+                os.fsync(f.fileno())
+        except FileNotFoundError:
+            return
+        log.warning("%s: the last line was cut short by a crash while being written; dropped", self.path)
 
     def read(self) -> list[dict[str, Any]]:
         """The pending operations. A last line cut short by a crash mid-write is dropped (it was never
@@ -108,11 +131,42 @@ class Unreachable(Exception):
     """The server did not answer: the operation stays in the outbox."""
 
 
+def http_status(e: BaseException) -> int | None:
+    """The HTTP status an exception carries: an MlflowException's (500 when MLflow wraps a connection failure
+    or exhausted retries), a requests HTTPError's (the artifact proxy raises those); None for anything else."""
+    code = getattr(e, "get_http_status_code", None)
+    if callable(code):
+        try:
+            return int(code())
+        except (TypeError, ValueError):
+            return None
+    response = getattr(e, "response", None)
+    status = getattr(response, "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def refused(e: BaseException) -> bool:
+    """Whether the server answered and refused the operation itself (a 4xx): sending it again will not help.
+    A 5xx (a proxy whose backend is down, an overloaded server) and a connection failure are transient."""
+    status = http_status(e)
+    return status is not None and status < 500
+
+
+def transient(e: BaseException) -> bool:
+    """A failure that says nothing against the operation: a 5xx, or no answer at all."""
+    import requests
+
+    status = http_status(e)
+    return (status is not None and status >= 500) or isinstance(e, (requests.ConnectionError, requests.Timeout,
+                                                                     ConnectionError, TimeoutError))
+
+
 def drain(outbox: Outbox, send: Callable[[list[dict[str, Any]]], None],
           reachable: Callable[[], bool]) -> int:
     """Send the outbox in order through `send` (one batch of ops per call). Stops at the first batch that
-    fails while the server is unreachable (that batch and the rest stay); a batch that fails while the server
-    answers is retried once, then rejected. Returns how many operations are still pending."""
+    fails transiently (a 5xx, no answer) or while the server is unreachable: that batch and the rest stay. A
+    batch the server refuses (a 4xx), or that fails otherwise while the server answers, is retried once, then
+    rejected. Returns how many operations are still pending."""
     ops = outbox.read()
     for start, end in batches(ops):
         chunk = ops[start:end]
@@ -120,8 +174,8 @@ def drain(outbox: Outbox, send: Callable[[list[dict[str, Any]]], None],
             try:
                 send(chunk)
                 break
-            except Exception as e:  # noqa: BLE001 - MLflow raises many kinds; reachability decides
-                if not reachable():
+            except Exception as e:  # noqa: BLE001 - MLflow raises many kinds; the status and reachability decide
+                if not refused(e) and (transient(e) or not reachable()):
                     outbox.replace(ops[start:])
                     return len(ops) - start
                 if attempt == 2:

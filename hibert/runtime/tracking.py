@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from hibert.config import Config, config_to_dict
-from hibert.errors import disk_full
+from hibert.errors import UserError, disk_full
 from hibert.redact import redact_config_dict, redact_uri
 from hibert.registry import client, experiment_id, reachable, register_artifact_dir, tracking_uri
-from hibert.runtime.outbox import Outbox, drain
+from hibert.runtime.outbox import Outbox, drain, refused
 
 log = logging.getLogger(__name__)
 
@@ -63,23 +63,56 @@ class Tracker:
 
     # ------------------------------------------------------------ the run
     def start(self, run_id: str | None, tags: dict[str, str]) -> str | None:
+        """The MLflow run of this job: created, or (a resume) set RUNNING again. The server was checked before the
+        ranks started but may be gone by now: a run that has its id (a resume, or created just before the server
+        went) trains on and the rest of its start waits in the outbox; a new run needs its id from the server, so
+        it waits for it up to `outage_wait_s`, then stops in one line."""
         if not self.enabled:
             return None
-        c = client(self.uri)
         self.sync()  # what an earlier attempt of this run left (a requeue after an outage)
-        if run_id is None:
-            run = c.create_run(experiment_id(self.uri, self.cfg.tracking.experiment), run_name=self.cfg.run.name)
-            run_id = run.info.run_id
-            from mlflow.entities import Param
+        tags = {k: redact_uri(str(v)) for k, v in {**tags, "git_commit": git_commit()}.items()}
+        params = None if run_id is not None else config_params(self.cfg)
+        deadline = time.monotonic() + self.cfg.tracking.outage_wait_s
+        while True:
+            created: list[str] = []
+            try:
+                return self._start(run_id, tags, params, created)
+            except Exception as e:  # noqa: BLE001 - MLflow raises many kinds; the status decides
+                if refused(e):
+                    raise
+                reason = redact_uri(str(e).splitlines()[0] if str(e) else type(e).__name__)[:200]
+            if run_id is not None or created:
+                self.run_id = run_id or created[0]
+                self.outbox.append({"op": "resume", "run_id": self.run_id, "tags": tags, "params": params or {}})
+                self.offline_since = self.last_probe = time.monotonic()
+                log.warning("tracking server %s stopped answering (%s); training goes on, logging to %s until it "
+                            "is back", redact_uri(self.uri), reason, self.outbox.path)
+                return self.run_id
+            while time.monotonic() < deadline:   # probe every retry_every_s; try again once it answers
+                time.sleep(min(self.cfg.tracking.retry_every_s, max(0.0, deadline - time.monotonic())))
+                if self._reachable():
+                    break
+            else:
+                raise UserError(f"tracking server {redact_uri(self.uri)} stopped answering before the run started "
+                                f"({reason}; waited {self.cfg.tracking.outage_wait_s:.0f} s, "
+                                "tracking.outage_wait_s): start it and rerun, or requeue; nothing was trained")
 
-            c.log_batch(run_id, params=[Param(k, v) for k, v in config_params(self.cfg).items()])
+    def _start(self, run_id: str | None, tags: dict[str, str], params: dict[str, str] | None,
+               created: list[str]) -> str:
+        """`created` receives a new run's id as soon as the server made it (the calls after it may still fail)."""
+        from mlflow.entities import Param, RunTag
+
+        c = client(self.uri)
+        if run_id is None:
+            run_id = c.create_run(experiment_id(self.uri, self.cfg.tracking.experiment),
+                                  run_name=self.cfg.run.name).info.run_id
+            created.append(run_id)
+            c.log_batch(run_id, params=[Param(k, v) for k, v in (params or {}).items()])
         else:
             c.update_run(run_id, status="RUNNING")
+        c.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
         self.run_id = run_id
-        from mlflow.entities import RunTag
-
-        c.log_batch(run_id, tags=[RunTag(k, redact_uri(str(v))) for k, v in {**tags, "git_commit": git_commit()}.items()])
-        return self.run_id
+        return run_id
 
     def metrics(self, values: dict[str, float], step: int) -> None:
         self._call({"op": "metrics", "values": {k: float(v) for k, v in values.items()}, "step": int(step),
@@ -194,6 +227,13 @@ def send(uri: str, ops: list[dict[str, Any]]) -> Any:
     if kind == "end":
         c.set_terminated(run_id, status=op["status"])
         return None
+    if kind == "resume":  # the rest of a run's start, when the server went away during it
+        from mlflow.entities import Param, RunTag
+
+        c.update_run(run_id, status="RUNNING")
+        c.log_batch(run_id, params=[Param(k, v) for k, v in op.get("params", {}).items()],
+                    tags=[RunTag(k, v) for k, v in op["tags"].items()])
+        return None
     raise ValueError(f"unknown outbox operation {kind!r}")
 
 
@@ -226,8 +266,11 @@ def _send_evaluation(uri: str, op: dict[str, Any]) -> str:
                 params=[Param(k, str(v)) for k, v in op["params"].items()],
                 tags=[RunTag(k, str(v)) for k, v in {**op["tags"], "hibert_outbox_id": op["id"]}.items()])
     c.log_artifacts(run_id, op["dir"], artifact_path="report")
-    if op["table"]:  # per-document ROUGE per system: comparable across runs in the MLflow UI
-        c.log_table(run_id, data=json.loads(Path(op["table"]).read_text()), artifact_file="report/per_document.json")
+    table_file = "report/per_document.json"
+    # per-document ROUGE per system: comparable across runs in the MLflow UI. log_table appends to an existing
+    # file, so a resend whose first try got this far must not log it again
+    if op["table"] and not (found and any(f.path == table_file for f in c.list_artifacts(run_id, "report"))):
+        c.log_table(run_id, data=json.loads(Path(op["table"]).read_text()), artifact_file=table_file)
     c.set_terminated(run_id, status="FINISHED")
     if op["table"]:
         Path(op["table"]).unlink(missing_ok=True)

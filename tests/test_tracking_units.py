@@ -1,0 +1,273 @@
+"""The tracking edge cases that need no real tracking server: a proxy answering 5xx, TLS with a private CA, a
+malformed URI, an outbox line cut by a crash, an evaluation run sent twice, and what the pyfunc returns for an
+empty document or a None param. Servers here are a few lines of http.server in a thread."""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import http.server
+import ipaddress
+import json
+import ssl
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from hibert.errors import UserError
+from hibert.registry import _probe, check_reachable
+from hibert.runtime.outbox import Outbox, drain
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    status = 200
+
+    def _answer(self) -> None:
+        self.send_response(self.status)
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        self.wfile.write(b"<html>answer</html>")
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _server(status: int, tls: ssl.SSLContext | None = None) -> Iterator[int]:
+    """An HTTP(S) server on 127.0.0.1 answering every request with `status`; yields its port."""
+    handler = type("H", (_Health,), {"status": status})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    if tls is not None:
+        srv.socket = tls.wrap_socket(srv.socket, server_side=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield srv.server_address[1]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+# ------------------------------------------------------------------ a proxy whose backend is down
+
+def test_a_5xx_is_an_outage_and_only_a_4xx_is_a_refusal(tmp_path, monkeypatch):
+    """A reverse proxy answering 502 while the tracking server behind it is down: the probe says unreachable,
+    and what the run logs meanwhile stays queued (a registration stays pending) instead of being rejected."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, TEMPORARILY_UNAVAILABLE
+
+    from hibert.config import Config
+    from hibert.runtime.tracking import Tracker
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")   # MLflow would retry each 502 for seconds
+    with _server(502) as port:
+        uri = f"http://127.0.0.1:{port}"
+        assert _probe(uri, 5) == "HTTP 502 Bad Gateway"
+        cfg = Config()
+        cfg.tracking.uri, cfg.run.output_dir = uri, str(tmp_path)
+        tracker = Tracker(cfg, enabled=True, run_dir=tmp_path)
+        tracker.run_id = "0" * 32
+        tracker.metrics({"loss": 1.0}, 1)
+        registry_json = tmp_path / "export" / "registry.json"
+        assert tracker.register("export", "hibert-x", "finetuned", {}, [], registry_json) is None
+        assert tracker.offline_since is not None and tracker.pending() == 2 and tracker.rejected() == 0
+    with _server(404) as port:   # a live server without /health (an older MLflow) is reachable
+        assert _probe(f"http://127.0.0.1:{port}", 5) is None
+
+    box = Outbox(tmp_path / "unit")
+    for i in range(3):
+        box.append({"op": "end", "run_id": str(i), "status": "FINISHED"})
+
+    def send(ops):
+        if ops[0]["run_id"] == "0":
+            raise MlflowException("bad value", error_code=INVALID_PARAMETER_VALUE)   # 400: refused
+        raise MlflowException("backend down", error_code=TEMPORARILY_UNAVAILABLE)     # 503: kept
+
+    assert drain(box, send, lambda: True) == 2   # the server "answers" (its /health), yet a 503 is no refusal
+    assert [o["run_id"] for o in box.read()] == ["1", "2"] and box.rejected() == 1
+
+
+# ------------------------------------------------------------------ TLS with a private CA
+
+def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "internal-ca")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_pem, key_pem = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    return cert_pem, key_pem
+
+
+def test_the_probe_verifies_tls_as_mlflow_does(tmp_path, monkeypatch):
+    """An HTTPS tracking server signed by an internal CA: unreachable by default, reachable with the CA bundle
+    MLflow is told about, or with verification off, as MLflow's own client would see it."""
+    cert, key = _self_signed(tmp_path)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    for var in ("MLFLOW_TRACKING_SERVER_CERT_PATH", "MLFLOW_TRACKING_INSECURE_TLS", "REQUESTS_CA_BUNDLE",
+                "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(var, raising=False)
+    with _server(200, tls) as port:
+        uri = f"https://127.0.0.1:{port}"
+        assert "CERTIFICATE_VERIFY_FAILED" in (_probe(uri, 5) or "")
+        for var, value in (("MLFLOW_TRACKING_SERVER_CERT_PATH", str(cert)), ("REQUESTS_CA_BUNDLE", str(cert)),
+                           ("MLFLOW_TRACKING_INSECURE_TLS", "true")):
+            with monkeypatch.context() as m:
+                m.setenv(var, value)
+                assert _probe(uri, 5) is None, var
+
+
+# ------------------------------------------------------------------ a malformed URI
+
+@pytest.mark.parametrize("uri", ["http://alice:pw-x1@127.0.0.1:70000", "http://alice:pw-x1@127.0.0.1:notaport",
+                                 "https://alice:pw-x1@[::1"])
+def test_a_malformed_tracking_uri_is_one_line_with_its_password_masked(uri, capsys):
+    with pytest.raises(UserError, match="is malformed") as e:
+        check_reachable(uri)
+    assert "pw-x1" not in str(e.value) and "alice:***@" in str(e.value)
+    from hibert.cli import main
+
+    assert main(["registry", "list", "--uri", uri]) == 1
+    err = capsys.readouterr().err
+    assert "is malformed" in err and "pw-x1" not in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------ the outbox file
+
+def test_an_append_after_a_line_cut_by_a_crash_keeps_the_outbox_readable(tmp_path):
+    box = Outbox(tmp_path)
+    def op(step: int) -> dict:
+        return {"op": "metrics", "run_id": "r", "values": {"a": 1.0}, "step": step, "timestamp": step}
+
+    box.append(op(1))
+    with box.path.open("a") as f:
+        f.write('{"op": "metrics", "run_id": "r", "val')   # a kill -9 in the middle of a write
+    box.append(op(3))
+    box.append(op(4))
+    assert [o["step"] for o in box.read()] == [1, 3, 4]
+
+
+# ------------------------------------------------------------------ an evaluation run sent twice
+
+def test_a_resent_evaluation_run_has_its_per_document_table_once(tmp_path, monkeypatch):
+    """The first try reached the server up to the table, then failed: the resend reuses the run and must not
+    append the table a second time (MLflow's log_table appends to an existing file)."""
+    import mlflow
+
+    from conftest import seed_store
+    from hibert.registry import client
+    from hibert.runtime.tracking import evaluation_op, send
+
+    monkeypatch.chdir(tmp_path)
+    seed_store(tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "report.md").write_text("# report\n")
+    table = {"doc": ["a", "b"], "rouge1": [0.5, 0.25]}
+    op = evaluation_op(Outbox(tmp_path / "eval"), "hibert", "eval", {}, {"split": "test"}, {"rouge1": 0.4},
+                       report, table)
+    real_end = mlflow.MlflowClient.set_terminated
+    monkeypatch.setattr(mlflow.MlflowClient, "set_terminated",
+                        lambda *a, **k: (_ for _ in ()).throw(ConnectionError("gone")))
+    with pytest.raises(ConnectionError):
+        send(uri, [op])
+    monkeypatch.setattr(mlflow.MlflowClient, "set_terminated", real_end)
+    run_id = send(uri, [op])
+    local = client(uri).download_artifacts(run_id, "report/per_document.json", str(tmp_path / "dl"))
+    assert len(json.loads(Path(local).read_text())["data"]) == 2
+
+
+# ------------------------------------------------------------------ the pyfunc: empty documents, None params
+
+class _Encoder:
+    cfg = SimpleNamespace(max_doc_sentences=8)
+
+    def __call__(self, text: str, doc_id: str):
+        sentences = [s for s in text.replace("\ufeff", "").split(".") if s.strip()]   # a BOM alone: none
+        return sentences, [[1, 2]] * len(sentences), False
+
+
+class _Decoder:
+    def summarize_ids(self, batch, generation=None, graphs=None):
+        return [SimpleNamespace(sentences=["an abstract"], ids=list(range(8))) for _ in batch]
+
+
+def test_served_rows_match_the_cli_for_an_empty_document_and_none_params():
+    """A batch of a normal text and one without sentences: integer `subwords` in every row, no NaN (the CLI
+    prints 0 for the empty one); and `k=None` asks an extractive model for its own k, as None does for the
+    decoding heads' params."""
+    from hibert.finetune.abstractive.summarize import AbstractiveSummarizer
+    from hibert.finetune.serving.pyfunc import HibertPyfunc
+
+    summarizer = object.__new__(AbstractiveSummarizer)
+    summarizer.encode, summarizer.decoder = _Encoder(), _Decoder()
+    served = object.__new__(HibertPyfunc)
+    served.head, served.clusters, served.max_chars = SimpleNamespace(decodes=False, name="x"), False, 10_000
+    served.summarizer = summarizer
+    out = served.predict({"id": ["a", "b"], "text": ["One. Two.", "\ufeff"]})
+    records = json.loads(out.to_json(orient="records"))
+    assert records == [s.record(False) for s in summarizer.summarize_all([("a", "One. Two."), ("b", "\ufeff")])]
+    assert [r["subwords"] for r in records] == [8, 0] and str(out["subwords"].dtype) == "int64"
+
+    served.head = SimpleNamespace(decodes=False, name="extractive")
+    assert served._overrides({"k": None}) == {} and served._overrides({"k": 2}) == {"k": 2}
+    with pytest.raises(Exception, match=r"unknown params \['beam'\]"):
+        served._overrides({"k": None, "beam": 3})
+
+
+# ------------------------------------------------------------------ a server gone between the check and the start
+
+def test_a_server_gone_before_the_run_starts_is_one_line_or_the_outbox(tmp_path, monkeypatch):
+    """The server answered the check before the ranks started, then went: a new run (it needs its id from the
+    server) stops in one line after `outage_wait_s`; a resumed run trains on, the rest of its start queued and
+    sent once the server is back."""
+    import socket
+
+    from conftest import seed_store
+    from hibert.config import Config
+    from hibert.registry import client
+    from hibert.runtime.tracking import Tracker, send
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with socket.socket() as s:   # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = Config()
+    cfg.tracking.uri, cfg.run.output_dir, cfg.tracking.outage_wait_s = f"http://bob:hunter2@127.0.0.1:{port}", \
+        str(tmp_path), 0.0
+    tracker = Tracker(cfg, enabled=True, run_dir=tmp_path)
+    with pytest.raises(UserError, match="stopped answering before the run started") as e:
+        tracker.start(None, {"stage": "x"})
+    assert "hunter2" not in str(e.value)
+    assert tracker.start("0" * 32, {"stage": "x"}) == "0" * 32
+    assert tracker.offline_since is not None and [o["op"] for o in tracker.outbox.read()] == ["resume"]
+
+    seed_store(tmp_path / "store" / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    c = client(uri)
+    run_id = c.create_run(c.get_experiment_by_name("Default").experiment_id).info.run_id
+    c.set_terminated(run_id, "KILLED")
+    send(uri, [{**tracker.outbox.read()[0], "run_id": run_id}])
+    run = c.get_run(run_id)
+    assert run.info.status == "RUNNING" and run.data.tags["stage"] == "x"
