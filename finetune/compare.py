@@ -5,6 +5,9 @@ Each argument names a report (`report.json`, its directory, or a run directory h
 model (`lead=runs/mds/mds-hibert#lead_ranked`). Reports given the same NAME are one system trained with
 different seeds (`pre=runs/seed{1,2,3}/ext` in bash): its scores are averaged over seeds per document, the
 table gives the spread of its per-seed means (mean ± sd), and the paired test resamples documents and seeds.
+Only an explicit NAME pools: an unnamed report is its own system, named after its run directory (with parent
+directories in front where two would share a name: exp1/ext, exp2/ext); the same report (and row) listed twice
+is refused. NAME is what comes before the first "=", when it holds no "/" (`lr=runs/sweep/lr=1e-4`).
 The first system is the reference: every other one is paired with it over the documents all their reports
 hold (by document id), F1 of ROUGE-1/2/L/Lsum, difference with its 95% CI, a two-sided p-value and what the
 interval allows one to say ("no measurable difference" where it crosses 0).
@@ -23,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from hibert.errors import UserError
-from hibert.finetune.base.report import HEADLINE, compared_reports
+from hibert.finetune.base.report import HEADLINE, find_report, split_name, unique_labels
 from hibert.finetune.base.rouge import bootstrap_ci, format_p, seeded_paired_bootstrap, verdict
 
 
@@ -35,14 +38,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, metavar="FILE", help="also write the table as JSON")
 
 
-def load_system(item: str, split: str) -> tuple[str, dict[str, Any], list[str]]:
-    """(name, {metric: per-document F1}, document ids) of one `[NAME=]PATH[#SYSTEM]`."""
+def load_system(item: str, split: str) -> tuple[str, dict[str, Any], list[str], Path, str, Path]:
+    """(NAME or "", {metric: per-document F1}, document ids, report.json, row, run directory) of one
+    `[NAME=]PATH[#SYSTEM]`."""
     spec, _, system = item.partition("#")
-    name, _, path = spec.rpartition("=")
-    report = next(iter(compared_reports([f"x={path}"], split).values()))
+    name, path = split_name(spec)
+    found = find_report(path, split)
+    if found is None:
+        raise UserError(f"hibert compare: report {item!r}: no report.json there (run `hibert evaluate` for that run "
+                        "first)")
+    report = json.loads(found.read_text())
     where = Path(path).resolve()
     where = where.parent if where.suffix == ".json" else where
-    label = where.parent.name if where.name.startswith("report-") else where.name  # the run's name
+    run_dir = where.parent if where.name.startswith("report-") else where   # named after the run
     ranking = "per_cluster" in report  # a unit-ranking report: recall of the top L' units per cluster
     own = "ranker" if ranking else "model"
     system = system or own
@@ -51,7 +59,7 @@ def load_system(item: str, split: str) -> tuple[str, dict[str, Any], list[str]]:
         raise UserError(f"hibert compare: {item!r}: the report has no per-document scores for {system!r} "
                          f"(it has {', '.join(k for k in per_doc if k != 'doc_ids') or 'none'})")
     scores = {f"recall@{cut}": v for cut, v in per_doc[system].items()} if ranking else per_doc[system]
-    return (name or (label if system == own else f"{label}#{system}")), scores, per_doc["doc_ids"]
+    return name, scores, per_doc["doc_ids"], found, system, run_dir
 
 
 def metrics_of(groups: dict[str, list[tuple[dict[str, Any], list[str]]]]) -> tuple[str, ...]:
@@ -65,21 +73,36 @@ def metrics_of(groups: dict[str, list[tuple[dict[str, Any], list[str]]]]) -> tup
 
 
 def group_seeds(items: list[str], split: str) -> dict[str, list[tuple[dict[str, Any], list[str]]]]:
-    """{system name: [(per-document scores, document ids) of each of its seeds]}, in the order first named."""
+    """{system name: [(per-document scores, document ids) of each of its seeds]}, in the order first named.
+    Reports pool as seeds only under one explicit NAME; unnamed ones get unique names."""
+    loaded = [load_system(item, split) for item in items]
+    seen: dict[tuple[Path, str], str] = {}
+    for item, (_, _, _, found, system, _) in zip(items, loaded):
+        if (found, system) in seen:   # one run counted twice would pass for two agreeing seeds
+            raise UserError(f"hibert compare: {item!r} and {seen[found, system]!r} are one report ({found}"
+                            + (f", row {system}" if system not in ("model", "ranker") else "") + ") listed twice")
+        seen[found, system] = item
+    own = {"model", "ranker"}
+    unnamed = [i for i, x in enumerate(loaded) if not x[0]]
+    labels = unique_labels([loaded[i][5] for i in unnamed],
+                           ["" if loaded[i][4] in own else f"#{loaded[i][4]}" for i in unnamed],
+                           taken={x[0] for x in loaded if x[0]})
+    names = [x[0] for x in loaded]
+    for i, label in zip(unnamed, labels):
+        names[i] = label
     groups: dict[str, list[tuple[dict[str, Any], list[str]]]] = {}
-    for item in items:
-        name, scores, ids = load_system(item, split)
+    for name, (_, scores, ids, _, _, _) in zip(names, loaded):
         groups.setdefault(name, []).append((scores, ids))
     return groups
 
 
-def _common(runs: list[tuple[dict[str, Any], list[str]]], metric: str, ids: list[str]) -> np.ndarray:
+def common_scores(runs: list[tuple[dict[str, Any], list[str]]], metric: str, ids: list[str]) -> np.ndarray:
     """[seeds, len(ids)] scores of one system's seeds on the documents `ids`."""
     return np.stack([np.asarray(scores[metric], dtype=np.float64)[[{d: i for i, d in enumerate(own)}[d] for d in ids]]
                      for scores, own in runs])
 
 
-def _shared_ids(*groups: list[tuple[dict[str, Any], list[str]]]) -> list[str]:
+def shared_ids(*groups: list[tuple[dict[str, Any], list[str]]]) -> list[str]:
     """Document ids every report of every group holds, in the first report's order."""
     first = groups[0][0][1]
     held = set(first)
@@ -98,12 +121,12 @@ def compare(items: list[str], split: str, n_resamples: int) -> dict[str, Any]:
     metrics = metrics_of(groups)
     out: dict[str, Any] = {"reference": ref_name, "metrics": list(metrics), "systems": {}, "paired": {}}
     for name, runs in groups.items():
-        ids = _shared_ids(runs)
+        ids = shared_ids(runs)
         if not ids:
             raise UserError(f"hibert compare: the {len(runs)} reports of {name} share no documents")
         row: dict[str, Any] = {"documents": len(ids), "seeds": len(runs)}
         for m in metrics:
-            per_seed = _common(runs, m, ids)                        # [seeds, documents]
+            per_seed = common_scores(runs, m, ids)                  # [seeds, documents]
             seed_means = per_seed.mean(1)
             low, high = bootstrap_ci(per_seed.mean(0), n_resamples)
             row[m] = {"mean": float(seed_means.mean()), "low": low, "high": high,
@@ -111,13 +134,13 @@ def compare(items: list[str], split: str, n_resamples: int) -> dict[str, Any]:
                       "seed_sd": float(seed_means.std(ddof=1)) if len(runs) > 1 else None}
         out["systems"][name] = row
     for name in names[1:]:
-        ids = _shared_ids(groups[ref_name], groups[name])
+        ids = shared_ids(groups[ref_name], groups[name])
         if not ids:
             raise UserError(f"hibert compare: {name} shares no documents with {ref_name}")
         pair: dict[str, Any] = {"documents": len(ids), "seeds": [len(groups[name]), len(groups[ref_name])]}
         for m in metrics:
-            pair[m] = seeded_paired_bootstrap(_common(groups[name], m, ids), _common(groups[ref_name], m, ids),
-                                              n_resamples)
+            pair[m] = seeded_paired_bootstrap(common_scores(groups[name], m, ids),
+                                              common_scores(groups[ref_name], m, ids), n_resamples)
             pair[m]["verdict"] = verdict(pair[m]["low"], pair[m]["high"])
         out["paired"][f"{name}-{ref_name}"] = pair
     return out

@@ -30,7 +30,8 @@ import numpy as np
 from hibert.config import Config, load_config
 from hibert.errors import UserError
 from hibert.finetune.base.fluency import fluency_note
-from hibert.finetune.base.rouge import format_p, seeded_paired_bootstrap, verdict
+from hibert.finetune.base.rouge import bootstrap_ci, format_p, seeded_paired_bootstrap, verdict
+from hibert.finetune.compare import common_scores, shared_ids
 from hibert.finetune.heads import head_of_export, registered_heads
 from hibert.redact import redact_uri
 from hibert.registry import DEFAULT_DB, client, tracking_uri
@@ -219,42 +220,55 @@ def by_system(members: list[tuple[str, dict]]) -> dict[str, list[dict]]:
     return out
 
 
+def _runs(reports: list[dict]) -> list[tuple[dict, list[str]]]:
+    """(per-document model scores, document ids) of each seed's report, as `hibert compare` reads them."""
+    return [(r["per_document"]["model"], r["per_document"]["doc_ids"]) for r in reports]
+
+
 def seed_summary(seeds: list[dict]) -> dict[str, dict]:
-    """{metric: mean over seeds of the model's mean, the first seed's CI bounds shifted alike, sd over seeds}."""
+    """{metric: mean over seeds of the model's mean, 95% bootstrap CI over the documents all seeds hold of the
+    per-document mean over seeds (as `hibert compare`), sd of the per-seed means}."""
     if len(seeds) == 1:
         return seeds[0]["scores"]["model"]
+    ids = shared_ids(_runs(seeds)) if all("per_document" in r for r in seeds) else []
     out = {}
     for m in ("rouge1_f", "rouge2_f", "rougeL_f"):
         means = np.array([r["scores"]["model"][m]["mean"] for r in seeds])
-        lows = np.array([r["scores"]["model"][m]["low"] for r in seeds])
-        highs = np.array([r["scores"]["model"][m]["high"] for r in seeds])
-        out[m] = {"mean": float(means.mean()), "low": float(lows.mean()), "high": float(highs.mean()),
-                  "seed_sd": float(means.std(ddof=1))}
+        # no documents in common: no interval over them (nan prints as such rather than a made-up one)
+        low, high = bootstrap_ci(common_scores(_runs(seeds), m, ids).mean(0)) if ids else (float("nan"),) * 2
+        out[m] = {"mean": float(means.mean()), "low": low, "high": high, "seed_sd": float(means.std(ddof=1))}
     return out
 
 
 def print_paired(members: list[tuple[str, dict]]) -> None:
-    """Each encoder-initialized system against the random-init one, paired over the same documents and, when
-    they ran with several seeds, over seeds too; each difference says what its interval allows."""
+    """Each encoder-initialized system against the random-init one, paired over the documents all their reports
+    hold (by id) and, when they ran with several seeds, over seeds too; each difference says what its interval
+    allows. A system sharing no documents with the random-init one is named, not left out."""
     systems = by_system(members)
     base = next(((n, r) for n, r in systems.items() if not r[0]["meta"].get("encoder_init")), None)
     if base is None or any("per_document" not in r for r in base[1]):
         return
-    ids = base[1][0]["per_document"]["doc_ids"]
     for name, reps in systems.items():
-        if name == base[0] or any(r.get("per_document", {}).get("doc_ids") != ids for r in reps + base[1]):
+        if name == base[0]:
+            continue
+        if any("per_document" not in r for r in reps):
+            print(f"  {name} - {base[0]}: not paired (a report without per-document scores)")
+            continue
+        ids = shared_ids(_runs(base[1]), _runs(reps))
+        if not ids:
+            print(f"  {name} - {base[0]}: not paired (no documents in common)")
             continue
         cells, reads = [], ""
         for m in ("rouge1_f", "rouge2_f", "rougeL_f"):
-            d = seeded_paired_bootstrap([r["per_document"]["model"][m] for r in reps],
-                                        [r["per_document"]["model"][m] for r in base[1]])
+            d = seeded_paired_bootstrap(common_scores(_runs(reps), m, ids), common_scores(_runs(base[1]), m, ids))
             cells.append(f"{m.replace('_f', '')} {d['diff']:+5.2f} [{d['low']:+5.2f},{d['high']:+5.2f}] "
                          + format_p(d["p_value"], d["resamples"]))
             reads = reads or verdict(d["low"], d["high"])
-        seeds = f"{len(reps)}/{len(base[1])} seeds"
-        print(f"  {name} - {base[0]} (paired bootstrap, {len(ids)} documents, {seeds}):  " + "  ".join(cells)
-              + f"  -> ROUGE-1: {reads}" + ("" if len(reps) > 1 and len(base[1]) > 1 else
-                                            " (one seed: an ordering cannot be read from it)"))
+        held = max(len(r["per_document"]["doc_ids"]) for r in reps + base[1])
+        docs = f"{len(ids)} documents" + (f" of {held}" if len(ids) < held else "")
+        print(f"  {name} - {base[0]} (paired bootstrap, {docs}, {len(reps)}/{len(base[1])} seeds):  "
+              + "  ".join(cells) + f"  -> ROUGE-1: {reads}"
+              + ("" if len(reps) > 1 and len(base[1]) > 1 else " (one seed: an ordering cannot be read from it)"))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

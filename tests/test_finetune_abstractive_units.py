@@ -18,6 +18,20 @@ def test_novel_ngrams_by_hand():
     assert novel_ngram_rate(["short"], source, 2) is None
 
 
+def test_novel_ngrams_split_punctuation_off_and_match_nfkc_forms():
+    """'budget.' is 'budget' '.'. Summary tokens: 'the council approved the budget .' (6) and 'three new schools
+    in the city will be funded .' (10); novel: will, be, funded -> 3/16. Bigrams: 'budget .' in the first (5),
+    'city will', 'will be', 'be funded', 'funded .' in the second (9) -> 5/14. Length stays in words (14)."""
+    source = ["The council approved the budget on Monday, officials said.", "It funds three new schools in the city."]
+    summary = ["The council approved the budget.", "Three new schools in the city will be funded."]
+    stats = abstractiveness([summary], [source])
+    assert stats["novel_1gram"] == pytest.approx(100 * 3 / 16) and stats["novel_2gram"] == pytest.approx(100 * 5 / 14)
+    assert stats["mean_words"] == 14.0
+    # a decoder's nmt_nfkc copy of a source sentence with a ligature, a fraction and a no-break space
+    decoded, source = "The final bill was 21⁄2 for the Office.", "The ﬁnal bill was 2½ for the\u00a0Office."
+    assert novel_ngram_rate([decoded], [source], 1) == 0.0
+
+
 def test_repetition_by_hand():
     assert repetition_rate(["a b c a b c"]) == pytest.approx(1 / 4)  # trigrams abc bca cab abc: one repeat
     assert repetition_rate(["a b c", "a b c"]) == pytest.approx(1 / 2)

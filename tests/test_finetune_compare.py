@@ -98,3 +98,75 @@ def test_unit_ranking_reports_pair_per_cluster_at_every_cut(tmp_path):
     summary = _report(tmp_path / "s", ids, [1.0, 2.0, 3.0])
     with pytest.raises(UserError, match="different kinds"):
         compare([str(a[0]), str(summary)], "test", 10)
+
+
+def test_only_an_explicit_name_pools_seeds_and_a_report_counts_once(tmp_path):
+    """Unnamed runs that share a directory name are two systems (named with their parent); the same report
+    listed twice is refused (it would pass for two agreeing seeds); the same report's other row is not."""
+    ids = ["d1", "d2"]
+    e1 = _report(tmp_path / "exp1" / "ext" / "report-test", ids, [10.0, 30.0], lead=[5.0, 5.0])
+    e2 = _report(tmp_path / "exp2" / "ext" / "report-test", ids, [90.0, 90.0])
+    other = _report(tmp_path / "exp3" / "other" / "report-test", ids, [50.0, 50.0])
+    out = compare([str(e1.parent), str(e2.parent), str(other.parent)], "test", 50)
+    assert {k: v["seeds"] for k, v in out["systems"].items()} == {"exp1/ext": 1, "exp2/ext": 1, "other": 1}
+    assert out["paired"]["exp2/ext-exp1/ext"]["rouge1_f"]["diff"] == pytest.approx(70.0)
+    out = compare([f"ext={e1.parent}", str(e2.parent), f"{e1}#lead3"], "test", 50)   # an explicit name is taken
+    assert list(out["systems"]) == ["ext", "exp2/ext", "ext#lead3"]
+    assert compare([f"P={e1.parent}", f"P={e2.parent}", str(other.parent)], "test", 50)["systems"]["P"]["seeds"] == 2
+    with pytest.raises(UserError, match="one report .* listed twice"):
+        compare([f"x={e1.parent}", f"x={e1 / 'report.json'}", f"y={other.parent}"], "test", 50)
+
+
+def test_a_name_is_what_comes_before_the_first_equals_sign(tmp_path):
+    """`lr=runs/sweep/lr=1e-4`: NAME lr, the path keeps its '='; an unnamed path with '=' is all path."""
+    base = _report(tmp_path / "base" / "report-test", ["d1"], [1.0])
+    lr = _report(tmp_path / "sweep" / "lr=1e-4" / "report-test", ["d1"], [3.0])
+    assert list(compare([f"base={base}", f"lr={lr.parent}"], "test", 20)["paired"]) == ["lr-base"]
+    assert list(compare([f"base={base}", str(lr.parent)], "test", 20)["paired"]) == ["lr=1e-4-base"]
+
+
+def test_evaluate_compare_names_stay_apart_and_never_replace_a_baseline_pair(tmp_path):
+    """`hibert evaluate --compare`: same-named runs get their parent in front instead of one replacing the other;
+    a name equal to a row of the report (lead3) or to another --compare name, or a report listed twice, is
+    refused; a pair already in the report is never replaced."""
+    from hibert.finetune.base.report import compared_reports, pair_with_reports
+
+    e1 = _report(tmp_path / "exp1" / "ext" / "report-test", ["a"], [10.0])
+    e2 = _report(tmp_path / "exp2" / "ext" / "report-test", ["a"], [90.0])
+    lr = _report(tmp_path / "sweep" / "lr=1e-4", ["a"], [20.0])
+    reports = compared_reports([str(e1.parent), str(e2.parent), f"lr={lr}"], "test")
+    assert list(reports) == ["exp1/ext", "exp2/ext", "lr"] and reports["exp2/ext"]["per_document"]["model"]
+    for bad, match in (([f"lead3={e1}"], "'lead3' is a row of this report"), ([f"x={e1}", f"x={e2}"], "two reports"),
+                       ([str(e1.parent), f"y={e1}"], "listed twice")):
+        with pytest.raises(UserError, match=match):
+            compared_reports(bad, "test")
+    result = {"doc_ids": ["a"], "per_document": {"model": {m: [50.0] for m in METRICS}},
+              "paired": {"model-tfidf": {"rouge1_f": {"diff": 5.0}}}}
+    with pytest.raises(UserError, match="--compare tfidf: the name of a row"):
+        pair_with_reports(result, {"tfidf": reports["lr"]}, 10)
+    assert result["paired"]["model-tfidf"] == {"rouge1_f": {"diff": 5.0}}
+
+
+def test_demo_runner_pairs_over_shared_documents_and_its_seed_ci_is_over_documents(capsys):
+    """The local runner's summary: reports whose document lists differ are paired over the documents they share
+    (named when they share none), and a system's multi-seed interval is the bootstrap over documents of the
+    per-document mean over seeds (not the mean of the per-seed bounds)."""
+    from hibert.finetune.base.rouge import bootstrap_ci
+    from hibert.slurm.local import print_paired, seed_summary
+
+    def rep(ids, scores, init, bounds=(0.0, 100.0)):
+        per = {m: scores for m in METRICS}
+        return {"meta": {"encoder_init": init}, "per_document": {"doc_ids": ids, "model": per},
+                "scores": {"model": {m: {"mean": sum(scores) / len(scores), "low": bounds[0], "high": bounds[1]}
+                                     for m in METRICS}}}
+
+    rand = rep(["d1", "d2", "d3"], [10.0, 20.0, 30.0], None)
+    pre = rep(["d3", "d2"], [33.0, 24.0], "enc")           # other order, one document fewer
+    apart = rep(["x"], [1.0], "enc")
+    print_paired([("random", rand), ("pre", pre), ("apart", apart)])
+    out = capsys.readouterr().out
+    assert "pre - random (paired bootstrap, 2 documents of 3, 1/1 seeds):  rouge1 +3.50" in out
+    assert "apart - random: not paired (no documents in common)" in out
+    two = seed_summary([rep(["d1", "d2"], [10.0, 20.0], "enc"), rep(["d2", "d1"], [40.0, 30.0], "enc")])
+    assert two["rouge1_f"]["mean"] == pytest.approx(25.0)
+    assert (two["rouge1_f"]["low"], two["rouge1_f"]["high"]) == bootstrap_ci([20.0, 30.0])   # per-document means

@@ -1,7 +1,9 @@
 """What abstractive users look at besides ROUGE: how much of a summary is new with respect to its source
-(novel n-gram rates, See et al. 2017 §7.2), how long it is, and how much it repeats itself. Words are
-lowercased whitespace tokens; n-grams never cross a sentence boundary (an extract made of source sentences
-has no novel n-grams); a summary's n-grams are counted with repeats, as in the papers' tables."""
+(novel n-gram rates, See et al. 2017 §7.2), how long it is, and how much it repeats itself. N-grams are of the
+viewer's tokens (`base.viewer.tokens`: words and punctuation marks apart, lowercased, NFKC-normalised, so a
+decoder's "fi" matches a source's ligature and "budget." the source's "budget"); they never cross a sentence
+boundary (an extract made of source sentences has no novel n-grams); a summary's n-grams are counted with
+repeats, as in the papers' tables. Length (`mean_words`) is in whitespace-separated words."""
 from __future__ import annotations
 
 from collections import Counter
@@ -9,9 +11,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hibert.finetune.base.viewer import tokens
+
 
 def words(text: str) -> list[str]:
-    return text.lower().split()
+    """The tokens n-grams are made of (the same the viewer matches copied spans on)."""
+    return [t for t, _, _ in tokens(text)]
 
 
 def ngrams(tokens: Sequence[str], n: int) -> list[tuple[str, ...]]:
@@ -48,6 +53,6 @@ def abstractiveness(summaries: Sequence[Sequence[str]], sources: Sequence[Sequen
         out[f"novel_{n}gram"] = 100 * float(np.mean(rates)) if rates else 0.0
     reps = [r for s in summaries if (r := repetition_rate(s)) is not None]
     out["repeated_3gram"] = 100 * float(np.mean(reps)) if reps else 0.0
-    out["mean_words"] = float(np.mean([len(words(" ".join(s))) for s in summaries])) if summaries else 0.0
+    out["mean_words"] = float(np.mean([len(" ".join(s).split()) for s in summaries])) if summaries else 0.0
     out["mean_sentences"] = float(np.mean([len(s) for s in summaries])) if summaries else 0.0
     return out

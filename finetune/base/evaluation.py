@@ -16,8 +16,10 @@ from hibert.errors import UserError
 from hibert.finetune.base.report import (
     Document,
     baseline_systems,
+    check_compare_names,
     compared_reports,
     pair_with_reports,
+    recording_left_out,
     score_lines,
     score_systems,
     write_report,
@@ -28,6 +30,10 @@ from hibert.hashing import file_hash
 
 
 class SummaryEvaluation(ABC):
+    # `predict` of an extractive head may set the source indices it selected per document: the viewer then marks
+    # those sentences, not the first copy of a sentence the source repeats
+    model_picks: list[list[int]] | None = None
+
     def __init__(self, cfg: Config, settings: EvalSettings, export_dir: Path, ref: str):
         self.cfg, self.settings, self.export_dir, self.ref = cfg, settings, Path(export_dir), ref
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -73,12 +79,19 @@ class SummaryEvaluation(ABC):
         s = self.settings
         reports = compared_reports(s.compare, s.split)   # a bad --compare fails before any work
         self.model, self.meta = self.load()
-        docs = self.view()
-        systems = {"model": self.predict(docs), **self.baselines(docs)}
+        with recording_left_out() as left_out:
+            docs = self.view()
+        baselines = self.baselines(docs)
+        check_compare_names(reports, ["model", *baselines])   # before decoding: a clash would replace a pair
+        systems = {"model": self.predict(docs), **baselines}
         result = score_systems(docs, systems, n_resamples=s.bootstrap)
+        if self.model_picks is not None:
+            result["picks"] = {"model": self.model_picks}
         pair_with_reports(result, reports, s.bootstrap)
         self.add_metrics(result, docs, systems)
         meta = self.report_meta(sorted(reports))
+        if left_out.get(s.split):
+            meta["documents_without_summary"] = len(left_out[s.split])   # left out of scoring (logged)
         out = s.report_dir(self.cfg.run_dir)
         paths = write_report(out, result, docs, meta)
         self.write_extras(out)

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,21 +37,52 @@ class Document:
     labels: np.ndarray | None          # oracle labels over the whole document
 
 
+# the documents `documents()` left out for want of a reference summary, by split, while an evaluation records them
+_LEFT_OUT: ContextVar[dict[str, list[str]] | None] = ContextVar("left_out", default=None)
+
+
+@contextmanager
+def recording_left_out() -> Iterator[dict[str, list[str]]]:
+    """{split: ids of the documents without a reference summary} that `documents()` saw while the block ran."""
+    record: dict[str, list[str]] = {}
+    token = _LEFT_OUT.set(record)
+    try:
+        yield record
+    finally:
+        _LEFT_OUT.reset(token)
+
+
 def documents(dataset) -> list[Document]:
-    """Group a split's chunks into whole documents (chunks of one source document, in order)."""
+    """Group a split's chunks into whole documents (chunks of one source document, in order). A document with
+    no reference summary cannot be scored: it is left out, with a warning that counts them; a split where no
+    document has one is a UserError."""
     chunks: dict[str, list[int]] = defaultdict(list)
     for i in range(len(dataset)):
         chunks[dataset.source_doc(i)].append(i)
     out = []
+    left_out: list[str] = []
     for doc, idx in chunks.items():
         idx.sort()
         refs = dataset.references(idx[0]) if hasattr(dataset, "references") else [dataset.summary_text(idx[0])]
         refs = [r for r in refs if r]
         if not refs:
+            left_out.append(doc)
             continue
         labels = [dataset.labels(i) for i in idx]
         out.append(Document(doc, [s for i in idx for s in dataset.sentences_text(i)], refs,
                             np.concatenate(labels) if all(lab is not None for lab in labels) else None))
+    split = str(getattr(dataset, "split", ""))
+    if left_out:
+        where = f" of split {split}" if split else ""
+        log.warning("%d of %d documents%s have no reference summary and are left out of scoring (%s%s)",
+                    len(left_out), len(chunks), where, ", ".join(map(str, left_out[:5])),
+                    ", ..." if len(left_out) > 5 else "")
+        if not out:
+            raise UserError(f"hibert evaluate: none of the {len(chunks)} documents{where} has a reference summary: "
+                            "nothing to score")
+    record = _LEFT_OUT.get()
+    if record is not None:
+        record[split] = left_out      # the last call per split: tuning reads 'valid' several times
     return out
 
 
@@ -64,6 +98,8 @@ def score_systems(docs: list[Document], systems: dict[str, list[list[str]]], n_r
                   seed: int = 0, primary: str = "model") -> dict[str, Any]:
     """ROUGE (mean and 95% CI) of every system on the same documents, and the paired bootstrap of the
     `primary` system against each other one (F1 of the headline metrics)."""
+    if not docs:
+        raise UserError("hibert evaluate: no documents to score (none has a reference summary)")
     rouge = Rouge()
     refs = [d.references for d in docs]
     per_doc = {name: rouge.score_corpus(s, refs) for name, s in systems.items()}
@@ -148,26 +184,82 @@ def write_report(out_dir: Path, result: dict[str, Any], docs: list[Document], me
             "html": html}
 
 
+def split_name(item: str) -> tuple[str, str]:
+    """`NAME=PATH` -> (NAME, PATH) at the first "=", when NAME is not empty and holds no "/" (a path may hold "=":
+    `lr=runs/sweep/lr=1e-4`, `runs/sweep/lr=1e-4`); otherwise ("", item)."""
+    name, eq, path = item.partition("=")
+    return (name, path) if eq and name and "/" not in name else ("", item)
+
+
+def find_report(path: str, split: str) -> Path | None:
+    """The report.json that PATH names: the file, its directory, or a run directory's report-<split>/."""
+    p = Path(path)
+    for cand in (p, p / "report.json", p / f"report-{split}" / "report.json"):
+        if cand.is_file():
+            return cand.resolve()
+    return None
+
+
+def unique_labels(dirs: list[Path], suffixes: list[str] | None = None, taken: Collection[str] = ()) -> list[str]:
+    """Names for unnamed runs: each run directory's name (+ its suffix), with as many parent directories in front
+    as it takes to tell it from the others and from `taken` (exp1/ext and exp2/ext, not two 'ext')."""
+    suffixes = suffixes or [""] * len(dirs)
+    depth = [1] * len(dirs)
+    while True:
+        labels = ["/".join(d.parts[-n:]) + x for d, n, x in zip(dirs, depth, suffixes)]
+        grow = [i for i, lab in enumerate(labels)
+                if (lab in taken or labels.count(lab) > 1) and depth[i] < len(dirs[i].parts) - 1]
+        if not grow:
+            return labels
+        for i in grow:
+            depth[i] += 1
+
+
+# rows every summary report pairs the model with: a --compare name equal to one would replace that pair
+RESERVED = ("model", "lead3", "oracle")
+
+
 def compared_reports(paths: list[str], split: str) -> dict[str, dict[str, Any]]:
-    """`--compare NAME=PATH`: another run's report (report.json, its directory, or a run dir holding
-    report-<split>/report.json) whose per-document model scores are paired with this model's."""
-    out: dict[str, dict[str, Any]] = {}
+    """`--compare [NAME=]PATH`: another run's report (report.json, its directory, or a run dir holding
+    report-<split>/report.json) whose per-document model scores are paired with this model's. An unnamed report
+    is named after its run directory (with its parents where two would share a name); a report named twice, two
+    reports under one NAME or a NAME of a row of this report are UserErrors."""
+    found: list[tuple[str, Path, str]] = []
     for item in paths:
-        name, _, path = item.rpartition("=")
-        p = Path(path)
-        for cand in (p, p / "report.json", p / f"report-{split}" / "report.json"):
-            if cand.is_file():
-                report = json.loads(cand.read_text())
-                out[name or cand.parent.parent.name] = report
-                break
-        else:
+        name, path = split_name(item)
+        cand = find_report(path, split)
+        if cand is None:
             raise UserError(f"hibert: report {item!r}: no report.json there (run `hibert evaluate` for that run "
-                             "first)")
-    return out
+                            "first)")
+        if any(cand == c for _, c, _ in found):
+            raise UserError(f"hibert evaluate: --compare {item!r}: {cand} is listed twice")
+        found.append((name, cand, item))
+    named = [n for n, _, _ in found if n]
+    for n in named:
+        if named.count(n) > 1:
+            raise UserError(f"hibert evaluate: --compare: two reports are named {n!r} (pairs take one each; "
+                            "`hibert compare` pools seeds)")
+        if n in RESERVED:
+            raise UserError(f"hibert evaluate: --compare {n}=...: {n!r} is a row of this report; pick another name")
+    unnamed = [i for i, (n, _, _) in enumerate(found) if not n]
+    labels = unique_labels([found[i][1].parent.parent for i in unnamed], taken={*named, *RESERVED})
+    names = [n for n, _, _ in found]
+    for i, label in zip(unnamed, labels):
+        names[i] = label
+    return {n: json.loads(c.read_text()) for n, (_, c, _) in zip(names, found)}
+
+
+def check_compare_names(reports: dict[str, dict[str, Any]], systems: Collection[str]) -> None:
+    """A --compare name equal to a system of this report would overwrite its model-<name> pair: refuse it."""
+    clash = sorted(set(reports) & set(systems))
+    if clash:
+        raise UserError(f"hibert evaluate: --compare {', '.join(clash)}: the name of a row of this report; "
+                        "give that report another NAME=")
 
 
 def pair_with_reports(result: dict[str, Any], reports: dict[str, dict[str, Any]], n_resamples: int) -> None:
     """Add `model-<name>` paired differences against other runs' per-document scores (same documents)."""
+    check_compare_names(reports, [p.removeprefix("model-") for p in result.get("paired", {})])
     ours = dict(zip(result["doc_ids"], range(len(result["doc_ids"]))))
     for name, rep in reports.items():
         theirs = rep.get("per_document", {})

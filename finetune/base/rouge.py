@@ -1,9 +1,14 @@
 """ROUGE with rouge-score (Google's reimplementation, Porter stemming on), per document, with bootstrap
 95% confidence intervals. Reported numbers are rouge-score's, not the Perl ROUGE-1.5.5 of the papers
 (they differ slightly). With several references a document scores the max F over references per metric
-(its P and R are taken from that same reference). ROUGE-Lsum splits sentences on newlines."""
+(its P and R are taken from that same reference). ROUGE-Lsum splits sentences on newlines.
+
+Both sides are NFKC-normalised first: a decoder's text comes out of SentencePiece's nmt_nfkc normaliser while
+references are raw, and rouge-score keeps only ASCII letters and digits, so a copied "ﬁnal" (ligature) would
+score as "nal" against the summary's "final". ASCII text is unchanged."""
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 
 import numpy as np
@@ -25,10 +30,10 @@ class Rouge:
         Returns {metric_p, metric_r, metric_f} per metric, in [0, 100]."""
         if not references:
             raise ValueError("a document needs at least one reference")
-        pred = "\n".join(prediction)
+        pred = _nfkc("\n".join(prediction))
         best: dict[str, tuple[float, float, float]] = {}
         for ref in references:
-            s = self.scorer.score("\n".join(ref), pred)
+            s = self.scorer.score(_nfkc("\n".join(ref)), pred)
             for m in self.metrics:
                 cur = (s[m].fmeasure, s[m].precision, s[m].recall)
                 if m not in best or cur[0] > best[m][0]:
@@ -44,6 +49,10 @@ class Rouge:
             raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
         rows = [self.score_doc(p, r) for p, r in zip(predictions, references)]
         return {k: np.array([row[k] for row in rows]) for k in (rows[0] if rows else {})}
+
+
+def _nfkc(text: str) -> str:
+    return text if text.isascii() else unicodedata.normalize("NFKC", text)
 
 
 def bootstrap_ci(values: np.ndarray, n_resamples: int = 1000, seed: int = 0,

@@ -6,38 +6,107 @@ text, and puts the worst documents first in one click.
 
 What is computed here (Python) and what the page does (a small inline script): the marks, copied fragments and
 per-document scores are computed once and embedded as JSON; the script only renders, sorts and filters.
-Copied spans are Grusky et al.'s (2018) extractive fragments: greedy longest matches of the summary's lowercased
-whitespace tokens in the source's, kept from `MIN_COPY` tokens up (shorter matches are mostly function words).
+Copied spans are Grusky et al.'s (2018) extractive fragments: greedy longest matches of the summary's tokens in
+the source's, kept from `MIN_COPY` tokens up (shorter matches are mostly function words). Tokens (`tokens`, also
+the novel n-grams of `abstractive.metrics`) are words and punctuation marks apart (`\\w+|[^\\w\\s]`, so "budget."
+is "budget" "."), lowercased and NFKC-normalised: a decoder's text is SentencePiece's nmt_nfkc form ("ﬁ" -> "fi",
+"½" -> "1⁄2"), its source is not. The page shows the original text: each token keeps the span it came from.
 """
 from __future__ import annotations
 
 import html
 import json
 import re
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hibert.finetune.base.selection import oracle_from_labels
+
 MIN_COPY = 3          # tokens: a shorter shared run is not counted as copied
 VIEWER = "viewer.html"
+_TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
-def _words(text: str) -> list[str]:
-    return text.split()
+def _normalised(text: str) -> tuple[str, list[tuple[int, int]]]:
+    """NFKC + lowercase of `text`, and for each of its characters the span of `text` it comes from. Normalised
+    per base character with its combining marks (so "e" + U+0301 composes to "é"), which keeps the spans."""
+    norm: list[str] = []
+    spans: list[tuple[int, int]] = []
+    start = 0
+    for i in range(1, len(text) + 1):
+        if i < len(text) and unicodedata.category(text[i])[0] == "M":
+            continue                              # a combining mark stays with the character before it
+        piece = unicodedata.normalize("NFKC", text[start:i]).lower()
+        norm.append(piece)
+        spans += [(start, i)] * len(piece)
+        start = i
+    return "".join(norm), spans
+
+
+def tokens(text: str) -> list[tuple[str, int, int]]:
+    """The tokens of `text` that summaries and sources are matched on, each with the span of `text` it shows as.
+    Tokens that come from one character ("2½" -> "21" "⁄" "2") share one span (the union of theirs)."""
+    if text.isascii():                            # the common case: NFKC changes nothing
+        return [(m.group().lower(), m.start(), m.end()) for m in _TOKEN.finditer(text)]
+    norm, spans = _normalised(text)
+    out = [(m.group(), spans[m.start()][0], spans[m.end() - 1][1]) for m in _TOKEN.finditer(norm)]
+    for k in range(len(out) - 1, 0, -1):          # overlapping spans -> one display unit
+        (t0, s0, e0), (t1, s1, e1) = out[k - 1], out[k]
+        if s1 < e0:
+            out[k - 1] = (t0, s0, max(e0, e1))
+    for k in range(1, len(out)):
+        (t0, s0, e0), (t1, s1, e1) = out[k - 1], out[k]
+        if s1 < e0:
+            out[k] = (t1, s0, e0)
+    return out
+
+
+def _segments(sentence: str, toks: list[tuple[str, int, int]], kinds: list[str]) -> list[list[Any]]:
+    """`sentence` cut into [text, kind] pieces that join back to it exactly (whitespace included): a display unit
+    is 'copy' if any of its tokens is copied, else 'novel' if any is novel."""
+    units: list[tuple[int, int, str]] = []
+    for (_, s, e), kind in zip(toks, kinds):
+        if units and units[-1][:2] == (s, e):
+            prev = units[-1][2]
+            kind = "copy" if "copy" in (prev, kind) else "novel" if "novel" in (prev, kind) else ""
+            units[-1] = (s, e, kind)
+        else:
+            units.append((s, e, kind))
+    segments: list[list[Any]] = []
+
+    def add(text: str, kind: str) -> None:
+        if not text:
+            return
+        if segments and segments[-1][1] == kind:
+            segments[-1][0] += text
+        else:
+            segments.append([text, kind])
+
+    pos = 0
+    for s, e, kind in units:
+        # the space between two tokens of one fragment is inside its mark; any other is plain
+        add(sentence[pos:s], kind if segments and segments[-1][1] == kind else "")
+        add(sentence[s:e], kind)
+        pos = e
+    add(sentence[pos:], "")
+    return segments
 
 
 def copy_segments(summary: Sequence[str], source: Sequence[str]) -> list[list[list[Any]]]:
-    """Per summary sentence, its tokens grouped into segments [text, kind], kind 'copy' (in a fragment of
-    >= MIN_COPY tokens found in the source), 'novel' (a word the source never uses) or '' (neither)."""
-    src = [w.lower() for s in source for w in _words(s)]
+    """Per summary sentence, its text cut into segments [text, kind], kind 'copy' (in a fragment of
+    >= MIN_COPY tokens found in the source), 'novel' (a token the source never uses) or '' (neither); the
+    segments of a sentence join back to it."""
+    src = [t for s in source for t, _, _ in tokens(s)]
     src_vocab = set(src)
     positions: dict[str, list[int]] = {}
     for i, w in enumerate(src):
         positions.setdefault(w, []).append(i)
     out = []
     for sentence in summary:
-        toks = _words(sentence)
-        low = [t.lower() for t in toks]
+        toks = tokens(sentence)
+        low = [t for t, _, _ in toks]
         kinds = [""] * len(toks)
         i = 0
         while i < len(toks):   # Grusky et al.'s greedy fragments: the longest source match starting at i
@@ -54,20 +123,18 @@ def copy_segments(summary: Sequence[str], source: Sequence[str]) -> list[list[li
                 if low[i] not in src_vocab:
                     kinds[i] = "novel"
                 i += 1
-        segments: list[list[Any]] = []
-        for tok, kind in zip(toks, kinds):
-            if segments and segments[-1][1] == kind:
-                segments[-1][0] += " " + tok
-            else:
-                segments.append([tok, kind])
-        out.append(segments)
+        out.append(_segments(sentence, toks, kinds))
     return out
 
 
 def novel_bigrams(summary: Sequence[str], source: Sequence[str]) -> list[str]:
     """The summary's bigrams (within a sentence) that never occur in the source, in order, once each."""
-    def grams(sentences):
-        return [" ".join(g) for s in sentences for g in zip(_words(s.lower()), _words(s.lower())[1:])]
+    def grams(sentences: Sequence[str]) -> list[str]:
+        out = []
+        for s in sentences:
+            toks = [t for t, _, _ in tokens(s)]
+            out += [" ".join(g) for g in zip(toks, toks[1:])]
+        return out
     seen, src, out = set(), set(grams(source)), []
     for g in grams(summary):
         if g not in src and g not in seen:
@@ -76,12 +143,34 @@ def novel_bigrams(summary: Sequence[str], source: Sequence[str]) -> list[str]:
     return out
 
 
-def _picks(summary: Sequence[str], source: Sequence[str]) -> list[int] | None:
-    """The source indices of an extract (every summary sentence is a source sentence), else None."""
-    index = {s: i for i, s in reversed(list(enumerate(source)))}
-    if not summary or any(s not in index for s in summary):
+def _picks(summary: Sequence[str], source: Sequence[str], given: Sequence[int] | None = None) -> list[int] | None:
+    """The source indices of an extract (every summary sentence is a source sentence), else None. `given`: the
+    indices the system selected, used when they hold the summary's sentences. Otherwise a sentence the source
+    repeats ("Scroll down for video.") is placed: an extract lists its sentences in document order, so each takes
+    the first occurrence after the one before; failing that, an occurrence not yet taken."""
+    if not summary:
         return None
-    return sorted(index[s] for s in summary)
+    if given is not None and len(given) == len(summary) and \
+            all(0 <= j < len(source) and source[j] == s for j, s in zip(given, summary)):
+        return sorted(int(j) for j in given)
+    where: dict[str, list[int]] = {}
+    for i, s in enumerate(source):
+        where.setdefault(s, []).append(i)
+    if any(s not in where for s in summary):
+        return None
+    picks: list[int] = []
+    for s in summary:
+        after = [i for i in where[s] if not picks or i > picks[-1]]
+        if not after:
+            break
+        picks.append(after[0])
+    else:
+        return picks
+    taken: list[int] = []
+    for s in summary:
+        free = [i for i in where[s] if i not in taken]
+        taken.append(free[0] if free else where[s][0])
+    return sorted(set(taken))
 
 
 def viewer_data(result: dict[str, Any], docs: Sequence[Any], meta: dict[str, Any]) -> dict[str, Any]:
@@ -94,7 +183,11 @@ def viewer_data(result: dict[str, Any], docs: Sequence[Any], meta: dict[str, Any
                  "picks": {}, "systems": {}}
         for name in systems:
             summary = result["summaries"][name][k]
-            picks = _picks(summary, doc.sentences)
+            given = result.get("picks", {}).get(name)
+            given = given[k] if given is not None else None
+            if given is None and name == "oracle" and getattr(doc, "labels", None) is not None:
+                given = oracle_from_labels(doc.labels)   # the oracle's own choice among repeated sentences
+            picks = _picks(summary, doc.sentences, given)
             if picks is not None and name in ("model", "oracle"):
                 entry["picks"][name] = picks
             entry["systems"][name] = {
@@ -143,7 +236,8 @@ mark.copy{background:#fde68a} span.novel{color:#b91c1c;font-weight:600}
 <div class="meta" id="meta"></div>
 <div class="legend"><span class="sent pick-model">model's pick</span><span class="sent pick-oracle">oracle's pick</span>
 <span><mark class="copy">copied from the source</mark></span><span><span class="novel">novel word</span></span></div>
-<div id="controls"><input id="filter" placeholder="filter: id or any text"> <button id="worst">worst first</button>
+<div id="controls"><input id="filter" placeholder="filter: id, source, summaries or reference">
+<button id="worst">worst first</button>
 <span id="count"></span></div>
 <table id="docs"><thead><tr id="head"></tr></thead><tbody id="rows"></tbody></table>
 <script type="application/json" id="data">__DATA__</script>
@@ -175,8 +269,7 @@ function summaries(d) {
     box.appendChild(el("h4", "", s + (sys.extract ? " (extract)" : " (abstract)")));
     box.appendChild(el("div", "tag", sc));
     for (const sent of sys.segments) {const p = el("div", "sent");
-      for (const [text, kind] of sent) {
-        if (p.childNodes.length) p.appendChild(document.createTextNode(" "));
+      for (const [text, kind] of sent) {  // the segments join back to the sentence, spaces included
         p.appendChild(kind === "copy" && !sys.extract ? el("mark", "copy", text) : kind === "novel" ? el("span", "novel", text)
                       : document.createTextNode(text));}
       box.appendChild(p);}
@@ -186,14 +279,19 @@ function summaries(d) {
   d.reference.forEach(s => box.appendChild(el("div", "sent", s)));
   return box;
 }
+// what the filter searches: the id, the source, every system's summary and the reference (built once per document)
+const haystack = d => d._haystack ??= [d.id, ...d.source, ...d.reference,
+  ...D.systems.map(s => d.systems[s].segments.map(sent => sent.map(([t]) => t).join("")).join(" "))]
+  .join(" ").toLowerCase();
+// ids sort as people read them ("test.jsonl:2" before "test.jsonl:10"); a missing score (NaN) is last both ways
+const order = (c, asc) => (a, b) => {const x = c.get(a), y = c.get(b);
+  if (c.num && (isNaN(x) || isNaN(y))) return isNaN(x) - isNaN(y);
+  const r = c.num ? x - y : String(x).localeCompare(String(y), undefined, {numeric: true});
+  return asc ? r : -r;};
 function render() {
   const q = document.getElementById("filter").value.toLowerCase();
-  let docs = D.documents.filter(d => !q || d.id.toLowerCase().includes(q) ||
-    d.source.join(" ").toLowerCase().includes(q) || d.reference.join(" ").toLowerCase().includes(q));
-  if (sortKey) {const c = cols.find(c => c.key === sortKey);
-    docs = docs.slice().sort((a, b) => {const x = c.get(a), y = c.get(b);
-      const r = c.num ? (isNaN(x) ? 1 : isNaN(y) ? -1 : x - y) : String(x).localeCompare(String(y));
-      return sortAsc ? r : -r;});}
+  let docs = D.documents.filter(d => !q || haystack(d).includes(q));
+  if (sortKey) docs = docs.slice().sort(order(cols.find(c => c.key === sortKey), sortAsc));
   for (const th of head.children) th.classList.toggle("sorted", th.dataset.key === sortKey);
   const body = document.getElementById("rows"); body.replaceChildren();
   for (const d of docs) {

@@ -82,7 +82,9 @@ class ExtractiveEvaluation(SummaryEvaluation):
 
     def predict(self, docs: list[Document]) -> list[list[str]]:
         scores = chunk_to_doc_scores(self.test, score_split(self.model, self.test, self.device))
-        return system_summaries(docs, scores, self.k, self.trigram_blocking)
+        picks = [[int(j) for j in select(scores[d.doc_id], d.sentences, self.k, self.trigram_blocking)] for d in docs]
+        self.model_picks = picks   # the viewer marks these sentences (a source may repeat one)
+        return [[d.sentences[j] for j in p] for d, p in zip(docs, picks)]
 
     def report_meta(self, compared_with: list[str]) -> dict[str, Any]:
         return {"model": redact_uri(self.ref), "encoder_init": self.meta.get("init"),
