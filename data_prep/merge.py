@@ -126,7 +126,7 @@ def _check_unique_ids(plan: dict[str, Any], split: str, parts: list[ShardPart], 
             raise DuplicateIds(f"document id {doc_id!r} is used twice in the {split} split: "
                                f"{_record(plan, int(order[idx[j]]))} and {_record(plan, int(order[idx[j + 1]]))}. "
                                "Evaluation pairs documents by id: give the source an id_field that is unique across "
-                               "its files (or none: ids are then <file stem>:<line>)")
+                               "its files, or (without one: ids are <file stem>:<line>) files of distinct names")
 
 
 def _split_index(cfg: DataConfig, plan: dict[str, Any], split: str, parts: list[ShardPart], keeps: list[np.ndarray],

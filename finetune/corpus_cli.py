@@ -29,6 +29,7 @@ from hibert.finetune.base.corpus import (
     merge,
     part_path,
     read_stats,
+    settings_fingerprint,
     stats_line,
     stats_path,
     summarize_shard,
@@ -103,8 +104,8 @@ def _run(cfg: Config, args: argparse.Namespace, settings: SummarizeSettings, out
     except (FileNotFoundError, ValueError) as e:
         return _fail(f"cannot load model {args.model or ref!r}: {e}")
     # what the parts are made with: a resume with another model or other flags would mix two kinds of summary
-    fingerprint = {"model": export_digest(local), "model_ref": args.model or ref, "field": args.field,
-                   "split": source.split, "settings": asdict(settings)}
+    fingerprint = settings_fingerprint(export_digest(local), args.model or ref, args.field, source.split,
+                                       asdict(settings))
     child = os.environ.get(CHILD_ENV) == "1"
     total = source.count(shard) if not args.no_progress and not child else None
     if local_procs:

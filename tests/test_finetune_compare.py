@@ -115,6 +115,9 @@ def test_only_an_explicit_name_pools_seeds_and_a_report_counts_once(tmp_path):
     assert compare([f"P={e1.parent}", f"P={e2.parent}", str(other.parent)], "test", 50)["systems"]["P"]["seeds"] == 2
     with pytest.raises(UserError, match="one report .* listed twice"):
         compare([f"x={e1.parent}", f"x={e1 / 'report.json'}", f"y={other.parent}"], "test", 50)
+    nocap = _report(tmp_path / "exp1" / "ext" / "report-test-nocap", ids, [20.0, 20.0])
+    with pytest.raises(UserError, match="would both be named"):   # two reports of one run: no path tells them apart
+        compare([str(nocap), str(e1.parent), str(other.parent)], "test", 50)
 
 
 def test_a_name_is_what_comes_before_the_first_equals_sign(tmp_path):

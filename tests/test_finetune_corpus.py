@@ -26,6 +26,7 @@ from hibert.finetune.base.corpus import (
     merge,
     part_path,
     read_stats,
+    settings_fingerprint,
     settings_path,
     stats_path,
     summarize_shard,
@@ -215,6 +216,10 @@ def test_resuming_with_another_model_or_flags_is_refused(tmp_path):
         summarize_shard(first_words, Source(src), out, Shard(0, 1), fingerprint={**fp, "model": export_digest(model)})
     result = summarize_shard(first_words, Source(src), out, Shard(0, 1), window=2, fingerprint=fp)
     assert result.written == 8 and result.resumed_after == 1
+    # the batch size is not part of it: a run that ran out of memory resumes with a smaller one
+    fingerprint = lambda batch: settings_fingerprint("d", "m", None, None, {"decoding": {"beam_size": 4,  # noqa: E731
+                                                                                        "batch_size": batch}})
+    assert fingerprint(32) == fingerprint(4) != settings_fingerprint("d", "m", None, None, {"decoding": {}})
     merge(out, 1)
     assert not settings_path(out).exists()
 

@@ -59,7 +59,7 @@ def _server(status: int, tls: ssl.SSLContext | None = None) -> Iterator[int]:
 def test_a_5xx_is_an_outage_and_only_a_4xx_is_a_refusal(tmp_path, monkeypatch):
     """A reverse proxy answering 502 while the tracking server behind it is down: the probe says unreachable,
     and what the run logs meanwhile stays queued (a registration stays pending) instead of being rejected."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException, get_error_code
     from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, TEMPORARILY_UNAVAILABLE
 
     from hibert.config import Config
@@ -81,16 +81,21 @@ def test_a_5xx_is_an_outage_and_only_a_4xx_is_a_refusal(tmp_path, monkeypatch):
         assert _probe(f"http://127.0.0.1:{port}", 5) is None
 
     box = Outbox(tmp_path / "unit")
-    for i in range(3):
+    for i in range(4):
         box.append({"op": "end", "run_id": str(i), "status": "FINISHED"})
 
     def send(ops):
         if ops[0]["run_id"] == "0":
             raise MlflowException("bad value", error_code=INVALID_PARAMETER_VALUE)   # 400: refused
+        if ops[0]["run_id"] == "1":   # MLflow's 500 for a proxy's 413: the server's /health answers, so refused
+            raise MlflowException("failed with error code 413", error_code=get_error_code(413))
         raise MlflowException("backend down", error_code=TEMPORARILY_UNAVAILABLE)     # 503: kept
 
     assert drain(box, send, lambda: True) == 2   # the server "answers" (its /health), yet a 503 is no refusal
-    assert [o["run_id"] for o in box.read()] == ["1", "2"] and box.rejected() == 1
+    assert [o["run_id"] for o in box.read()] == ["2", "3"] and box.rejected() == 2
+    down = Outbox(tmp_path / "down")
+    down.append({"op": "end", "run_id": "1", "status": "FINISHED"})
+    assert drain(down, send, lambda: False) == 1 and down.rejected() == 0   # the same 500 while /health fails: kept
 
 
 # ------------------------------------------------------------------ TLS with a private CA

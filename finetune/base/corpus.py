@@ -305,6 +305,15 @@ def check_shard_count(output: Path, count: int) -> None:
                         f"--shard I/{m}, --merge --shards {m}), or remove them to start over")
 
 
+def settings_fingerprint(model_digest: str, model_ref: str, field: str | None, split: str | None,
+                         settings: dict[str, Any]) -> dict[str, Any]:
+    """What decides the summaries of a corpus run: the model, the input field and split, the flags. Not the
+    decoding batch size, which sets speed and memory: a run that ran out of memory resumes with a smaller one."""
+    decoding = {k: v for k, v in settings.get("decoding", {}).items() if k != "batch_size"}
+    return {"model": model_digest, "model_ref": model_ref, "field": field, "split": split,
+            "settings": {**settings, "decoding": decoding}}
+
+
 def check_settings(output: Path, fingerprint: dict[str, Any] | None) -> None:
     """Record what the parts are made with (model, decoding settings) when the first one starts; refuse a resume
     with anything else, which would mix two models' summaries in one output."""

@@ -74,12 +74,17 @@ def documents(dataset) -> list[Document]:
     split = str(getattr(dataset, "split", ""))
     if left_out:
         where = f" of split {split}" if split else ""
-        log.warning("%d of %d documents%s have no reference summary and are left out of scoring (%s%s)",
-                    len(left_out), len(chunks), where, ", ".join(map(str, left_out[:5])),
-                    ", ..." if len(left_out) > 5 else "")
         if not out:
             raise UserError(f"hibert evaluate: none of the {len(chunks)} documents{where} has a reference summary: "
                             "nothing to score")
+    if left_out and not getattr(dataset, "_left_out_warned", False):   # once: k-tuning reads a split ten times
+        try:
+            dataset._left_out_warned = True
+        except AttributeError:   # a view without instance attributes warns every time
+            pass
+        log.warning("%d of %d documents%s have no reference summary and are left out of scoring (%s%s)",
+                    len(left_out), len(chunks), where, ", ".join(map(str, left_out[:5])),
+                    ", ..." if len(left_out) > 5 else "")
     record = _LEFT_OUT.get()
     if record is not None:
         record[split] = left_out      # the last call per split: tuning reads 'valid' several times
@@ -207,9 +212,12 @@ def unique_labels(dirs: list[Path], suffixes: list[str] | None = None, taken: Co
     depth = [1] * len(dirs)
     while True:
         labels = ["/".join(d.parts[-n:]) + x for d, n, x in zip(dirs, depth, suffixes)]
-        grow = [i for i, lab in enumerate(labels)
-                if (lab in taken or labels.count(lab) > 1) and depth[i] < len(dirs[i].parts) - 1]
+        clash = [i for i, lab in enumerate(labels) if lab in taken or labels.count(lab) > 1]
+        grow = [i for i in clash if depth[i] < len(dirs[i].parts) - 1]
         if not grow:
+            if clash:   # two reports of one run directory (report-test, report-test-nocap): no path tells them apart
+                raise UserError(f"hibert: two reports would both be named {labels[clash[0]]!r}: name them "
+                                "(NAME=PATH; the same NAME pools them as seeds in `hibert compare`)")
             return labels
         for i in grow:
             depth[i] += 1

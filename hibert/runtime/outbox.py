@@ -145,28 +145,33 @@ def http_status(e: BaseException) -> int | None:
     return status if isinstance(status, int) else None
 
 
+# "later": too many requests, unavailable, gateway timeout. Not 500: MLflow reports a proxy's 502 and a non-JSON
+# 4xx (413, 422) as 500 too, so a 500 is an outage only if the server's /health says so (`drain`'s probe).
+_LATER = (429, 503, 504)
+
+
 def refused(e: BaseException) -> bool:
-    """Whether the server answered and refused the operation itself (a 4xx): sending it again will not help.
-    A 5xx (a proxy whose backend is down, an overloaded server) and a connection failure are transient."""
+    """Whether the server answered and refused the operation itself (a 4xx but 429): sending it again will not
+    help."""
     status = http_status(e)
-    return status is not None and status < 500
+    return status is not None and status < 500 and status not in _LATER
 
 
 def transient(e: BaseException) -> bool:
-    """A failure that says nothing against the operation: a 5xx, or no answer at all."""
+    """A failure that says nothing against the operation: no answer at all, or "later" (429, 503, 504)."""
     import requests
 
-    status = http_status(e)
-    return (status is not None and status >= 500) or isinstance(e, (requests.ConnectionError, requests.Timeout,
-                                                                     ConnectionError, TimeoutError))
+    return http_status(e) in _LATER or isinstance(e, (requests.ConnectionError, requests.Timeout, ConnectionError,
+                                                      TimeoutError))
 
 
 def drain(outbox: Outbox, send: Callable[[list[dict[str, Any]]], None],
           reachable: Callable[[], bool]) -> int:
     """Send the outbox in order through `send` (one batch of ops per call). Stops at the first batch that
-    fails transiently (a 5xx, no answer) or while the server is unreachable: that batch and the rest stay. A
-    batch the server refuses (a 4xx), or that fails otherwise while the server answers, is retried once, then
-    rejected. Returns how many operations are still pending."""
+    fails transiently (no answer, 429/503/504) or while the server is unreachable (its /health fails or answers
+    5xx): that batch and the rest stay. A batch the server refuses (a 4xx), or that fails otherwise while the
+    server answers (a 500 from a healthy server), is retried once, then rejected, so that one bad operation
+    cannot hold back every later one. Returns how many operations are still pending."""
     ops = outbox.read()
     for start, end in batches(ops):
         chunk = ops[start:end]

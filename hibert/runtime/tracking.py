@@ -20,7 +20,7 @@ from hibert.config import Config, config_to_dict
 from hibert.errors import UserError, disk_full
 from hibert.redact import redact_config_dict, redact_uri
 from hibert.registry import client, experiment_id, reachable, register_artifact_dir, tracking_uri
-from hibert.runtime.outbox import Outbox, drain, refused
+from hibert.runtime.outbox import Outbox, drain, refused, transient
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +77,9 @@ class Tracker:
             created: list[str] = []
             try:
                 return self._start(run_id, tags, params, created)
-            except Exception as e:  # noqa: BLE001 - MLflow raises many kinds; the status decides
-                if refused(e):
-                    raise
+            except Exception as e:  # noqa: BLE001 - MLflow raises many kinds; the status and the probe decide
+                if refused(e) or not (transient(e) or not self._reachable()):
+                    raise   # a refusal, or an error from a server (or local store) that answers: not an outage
                 reason = redact_uri(str(e).splitlines()[0] if str(e) else type(e).__name__)[:200]
             if run_id is not None or created:
                 self.run_id = run_id or created[0]
