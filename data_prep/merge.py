@@ -24,7 +24,7 @@ from hibert.data_prep.counts import add_up
 from hibert.data_prep.dataset import MANIFEST
 from hibert.data_prep.dataset import TOKENIZER as TOKENIZER_FILE
 from hibert.data_prep.integrity import record
-from hibert.data_prep.plan import write_json
+from hibert.data_prep.plan import PlanMismatch, write_json
 from hibert.data_prep.process import SHARDS_DIR, shard_marker
 from hibert.data_prep.segment import segmenter_info
 from hibert.data_prep.shards import SPLITS, ShardPart, shard_name
@@ -188,6 +188,12 @@ def merge(cfg: DataConfig, out: Path, plan: dict[str, Any], tokenizer_info: dict
                             f"(e.g. {missing[:10]}); run them (--shard-index i) before --merge")
     n = plan["num_shards"]
     parts = {(s, i): ShardPart(out / s / shard_name(i)) for s in SPLITS for i in range(n)}
+    if cfg.is_clusters:   # per-cluster counts (src_cluster_stats) joined the shard format after its first version
+        old = [p.dir for p in parts.values()
+               if (p.dir / "src_stats.npy").is_file() and not (p.dir / "src_cluster_stats.npy").is_file()]
+        if old:
+            raise PlanMismatch(f"{old[0]}: a cluster shard written by an older version of prep (no "
+                               "src_cluster_stats.npy): rerun prep with --fresh")
     if cfg.dedup:
         keep = _dedup(parts)
     else:
