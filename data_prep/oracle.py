@@ -162,10 +162,16 @@ class OracleProblem:
             ends = np.cumsum(lens)
             at = np.minimum([ends - 1, ends - lens], len(flat) - 1)   # clipped: empty sentences are masked
             edge[:, :n] = np.where(lens > 0, col[at], 0)
-        self.boundary = pair_col[edge[0][:, None] * V + edge[1][None, :]]
-        self._boundary = self.boundary.reshape(-1)
-        useful = self.boundary != self.trash
-        self._hot = set(np.flatnonzero(useful.any(axis=0) | useful.any(axis=1)).tolist())
+        # looked up per candidate (`_boundary`), never as an [n+1, n+1] table: 8,000 sentences would take 1 GB
+        self._pair_col, self._vocab, self._last, self._first = pair_col, V, edge[0], edge[1]
+        # sentences whose last token starts, or whose first token ends, a reference bigram with some sentence
+        a, b = big // V, big % V
+        hot = np.isin(edge[0, :n], a[np.isin(b, edge[1, :n])]) | np.isin(edge[1, :n], b[np.isin(a, edge[0, :n])])
+        self._hot = set(np.flatnonzero(hot).tolist())
+
+    def _boundary(self, p: np.ndarray, q: np.ndarray) -> np.ndarray:
+        """Column of the boundary bigram (last token of p, first token of q); p or q = n: none."""
+        return self._pair_col[self._last[p] * self._vocab + self._first[q]]
 
     def empty(self) -> _State:
         return _State((), np.zeros(self.width, np.int64), 0, 0.0)
@@ -188,10 +194,10 @@ class OracleProblem:
             around = np.concatenate(([self.n], chosen, [self.n]))
             k = np.searchsorted(chosen, cand)
             p, q = around[k], around[k + 1]
-            flat, at, stride = x.reshape(-1), np.arange(0, len(cand) * self.width, self.width), self.n + 1
-            flat[at + self._boundary[p * stride + q]] -= 1
-            flat[at + self._boundary[p * stride + cand]] += 1
-            flat[at + self._boundary[cand * stride + q]] += 1
+            flat, at = x.reshape(-1), np.arange(0, len(cand) * self.width, self.width)
+            flat[at + self._boundary(p, q)] -= 1
+            flat[at + self._boundary(p, cand)] += 1
+            flat[at + self._boundary(cand, q)] += 1
         overlap = np.minimum(x, self.ref_counts) @ self.selector      # [k, 2]: unigram, bigram overlap
         pred = np.empty((len(cand), 2), dtype=np.int64)
         pred[:, 0] = st.length + self.lens[cand]

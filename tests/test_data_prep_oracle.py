@@ -130,3 +130,18 @@ def test_boundary_bigrams_made_and_broken_score_like_rouge_score():
             cand, scores, _ = problem.expand(st)
             for c, s in zip(cand, scores):
                 assert s == set_score(sents, summary, (*chosen, int(c))), (chosen, c)
+
+
+def test_memory_is_linear_in_the_sentence_count():
+    """A 20,000-sentence document (within max_doc_chars): no [n+1, n+1] table of boundary bigrams (3.2 GB here);
+    the labels still come out, with a boundary bigram of the reference made across two chosen sentences."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    sentences = [" ".join(f"w{i}" for i in rng.integers(0, 3000, 6)) for _ in range(20_000)]
+    tracemalloc.start()
+    labels = oracle_labels(sentences, [sentences[7] + " " + sentences[9]])
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 64 * 2**20, peak
+    assert labels[[7, 9]].tolist() == [1, 1] and labels.sum() == 2
