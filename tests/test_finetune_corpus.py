@@ -153,6 +153,17 @@ def test_an_unreadable_done_file_is_redone_and_one_merge_counts(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_a_done_file_whose_part_was_removed_is_redone(tmp_path):
+    src, out = corpus(tmp_path / "in.jsonl"), tmp_path / "out.jsonl"
+    for i in range(2):
+        summarize_shard(first_words, Source(src), out, Shard(i, 2))
+    part_path(out, Shard(1, 2)).unlink()                  # removed by hand; its .done stays
+    with pytest.raises(UserError, match="1 of 2 shards are not finished"):
+        merge(out, 2)
+    assert summarize_shard(first_words, Source(src), out, Shard(1, 2)).written == 3
+    assert merge(out, 2)["records_in"] == 6 and [r["index"] for r in lines(out)] == list(range(6))
+
+
 def test_an_unreadable_stats_file_is_redone_not_a_traceback(tmp_path, capsys):
     src, out = corpus(tmp_path / "in.jsonl"), tmp_path / "out.jsonl"
     summarize_shard(first_words, Source(src), out, Shard(0, 1))

@@ -272,7 +272,8 @@ _DONE_KEYS = ("written", "summarized", "skipped", "resumed_after")
 
 
 def read_done(part: Path) -> dict[str, Any] | None:
-    return read_json(done_path(part), _DONE_KEYS)
+    """The shard's closing counts; None while it is unfinished, or when its part file is gone (the shard is redone)."""
+    return read_json(done_path(part), _DONE_KEYS) if part.is_file() else None
 
 
 def read_stats(output: Path) -> dict[str, Any] | None:
@@ -422,6 +423,8 @@ def summarize_shard(summarize_all: Callable[[list], list[Summary]], source: Sour
     `fingerprint`: the model and settings the part is made with (a resume with others is refused)."""
     part = part_path(output, shard)
     check_shard_count(output, shard.count)
+    if not part.is_file():
+        done_path(part).unlink(missing_ok=True)   # a .done whose part was removed: the shard is redone
     if (d := read_done(part)) is not None:
         return _done_result(d)
     with lock_part(part) as out:
