@@ -113,6 +113,10 @@ def test_input_problems_are_not_blamed_on_the_model(tmp_path, capsys):
     (ds / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
     code, err, _ = cli(tmp_path, capsys, input=[str(ds)], output=out, split="nosuch")
     assert code == 2 and "no split 'nosuch' (splits: train, test)" in err and "cannot load model" not in err
+    pretty = tmp_path / "pretty.json"   # every line of it would be skipped one by one
+    pretty.write_text(json.dumps([{"id": "a", "text": "one two"}], indent=1))
+    code, err, _ = cli(tmp_path, capsys, input=[str(pretty)], output=out)
+    assert code == 2 and "pretty-printed JSON, not JSON lines" in err and "cannot load model" not in err
     code, err, _ = cli(tmp_path, capsys, input=[str(corpus(tmp_path / "in.jsonl"))], output=out)
     assert code == 2 and "cannot load model" in err   # the input is fine: now the model is named
 

@@ -114,8 +114,10 @@ class Source:
 
     def check(self) -> None:
         """Open a dataset input once, so that a damaged one is reported as an input problem, before any model
-        loads (a JSONL input is read line by line, its bad lines skipped and counted)."""
+        loads (a JSONL input is read line by line, its bad lines skipped and counted, but a pretty-printed JSON
+        file, whose every line would be skipped, is refused here)."""
         if not self.path.is_dir():
+            self._check_json_lines()
             return
         try:
             len(self._dataset())
@@ -124,6 +126,16 @@ class Source:
         except Exception as e:  # noqa: BLE001 - datasets/pyarrow raise many types for a damaged directory
             raise UserError(f"--input {self.path}: cannot read the saved dataset ({type(e).__name__}: "
                             f"{str(e)[:200]})") from None
+
+    def _check_json_lines(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                first = next((line.strip() for line in f if line.strip()), b"")
+        except OSError:
+            return   # reported where the records are read
+        if first in (b"[", b"{") or (first.startswith(b"[") and not _parses(first)):
+            raise UserError(f"--input {self.path}: pretty-printed JSON, not JSON lines (one object per line); "
+                            f"convert it, e.g. jq -c '.[]' {self.path} > {self.path.stem}.jsonl")
 
     @property
     def key(self) -> str:
@@ -213,6 +225,14 @@ class Source:
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")   # a lone JSON "\ud800" escape: the one text UTF-8 cannot write
+
+
+def _parses(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def _utf8(text: str) -> bool:
