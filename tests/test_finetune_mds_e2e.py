@@ -84,8 +84,13 @@ def test_evaluate_ranker_and_summarizer_reports(trained, tmp_path):
     rep = json.loads((root / "ranker" / "report-valid" / "report.json").read_text())
     assert set(rep["recall"]) == {"ranker", "tfidf", "document_order", "oracle"}
     assert set(rep["recall"]["ranker"]) == {"5", "10", "20", "40"} and "ranker-tfidf" in rep["paired"]
-    assert rep["meta"]["clusters"] and "SYNTHETIC" in (root / "ranker" / "report-valid" / "report.md").read_text()
-    assert "L'=5" in out.stdout
+    assert rep["meta"]["clusters"] == "synthetic" and rep["meta"]["num_clusters"] == len(rep["per_cluster"]["doc_ids"])
+    assert "SYNTHETIC" in (root / "ranker" / "report-valid" / "report.md").read_text() and "L'=5" in out.stdout
+    import mlflow   # the ranker's evaluation is an MLflow run like every other head's
+
+    client = mlflow.MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    run = client.search_runs([client.get_experiment_by_name("hibert").experiment_id], "tags.stage = 'evaluate'")[0]
+    assert run.data.metrics["ranker_recall_at_5"] == pytest.approx(rep["recall"]["ranker"]["5"]["mean"])
     run_hibert(["evaluate", *flat, "--split", "valid", "--bootstrap", "100"], timeout=300)
     run_hibert(["evaluate", *mds, "--split", "valid", "--bootstrap", "100", "--compare",
                 f"flat={root / 'flat'}"], timeout=300)

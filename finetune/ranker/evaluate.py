@@ -18,6 +18,7 @@ from hibert.finetune.base.rouge import bootstrap_ci, format_p, paired_bootstrap
 from hibert.finetune.base.settings import EvalSettings
 from hibert.finetune.ranker.export import load_ranker, score_clusters
 from hibert.finetune.ranker.metrics import CUTOFFS, ranking_table
+from hibert.hashing import file_hash
 from hibert.redact import redact_uri
 
 log = logging.getLogger("hibert.evaluate")
@@ -44,8 +45,11 @@ def evaluate_ranker(cfg: Config, args: EvalSettings, local: Path, ref: str) -> d
                    for c, v in by_cut.items()} for name, by_cut in table.items()}
     paired = {f"ranker-{other}": {str(c): paired_bootstrap(table["ranker"][c], table[other][c], args.bootstrap)
                                   for c in CUTOFFS} for other in ("tfidf", "document_order")}
+    manifest = Path(cfg.data.dataset_dir) / "manifest.json"
+    # "clusters" is data_note's real / synthetic; the count is num_clusters
     report_meta = {"task": "ranker", **data_note(test), "model": redact_uri(ref), "encoder_init": meta.get("init"),
-                   "dataset": str(cfg.data.dataset_dir), "split": args.split, "clusters": n,
+                   "dataset": str(cfg.data.dataset_dir), "split": args.split, "num_clusters": n,
+                   "dataset_manifest": file_hash(manifest) if manifest.is_file() else "none",
                    "measure": "ROUGE-L recall (rouge-score, stemmed, x100) of the top L' units concatenated "
                               "against the reference (Liu & Lapata 2019, Table 1)",
                    "units_per_cluster": float(np.mean([len(t) for t in texts]))}

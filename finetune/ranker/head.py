@@ -50,7 +50,18 @@ def evaluate(cfg: Config, settings: EvalSettings, local: Path, ref: str, cluster
         lines.append(f"{pair:22s} L'=5 {d['diff']:+.2f} [{d['low']:+.2f},{d['high']:+.2f}] "
                      f"{format_p(d['p_value'], d['resamples'])} (paired)")
     lines.append(f"report: {done['out'] / 'report.md'}")
-    return EvalOutcome(done["out"], lines, None, done["meta"])
+    return EvalOutcome(done["out"], lines, mlflow_result(done["payload"]), done["meta"])
+
+
+def mlflow_result(payload: dict) -> dict:
+    """What `hibert evaluate` logs to MLflow, in the summary heads' shape: mean recall per ranking and cutoff
+    (metrics `<ranking>_recall_at_<L'>`) and the per-cluster values (the run's per-document table)."""
+    per_cluster = {k: v for k, v in payload["per_cluster"].items() if k != "doc_ids"}
+    return {"systems": {name: {f"recall_at_{c}": {"mean": v["mean"]} for c, v in by_cut.items()}
+                        for name, by_cut in payload["recall"].items()},
+            "doc_ids": payload["per_cluster"]["doc_ids"],
+            "per_document": {name: {f"recall_at_{c}": values for c, values in by_cut.items()}
+                             for name, by_cut in per_cluster.items()}}
 
 
 SPEC = register_head(HeadSpec(
