@@ -57,7 +57,7 @@ def bound_http_retries() -> None:
 def _ssl_context() -> Any:
     """The TLS verification MLflow's own client applies (requests with `verify=`): a CA bundle named by
     MLFLOW_TRACKING_SERVER_CERT_PATH, else none with MLFLOW_TRACKING_INSECURE_TLS, else REQUESTS_CA_BUNDLE /
-    CURL_CA_BUNDLE, else the system's; and a client certificate (MLFLOW_TRACKING_CLIENT_CERT_PATH). Without it
+    CURL_CA_BUNDLE, else certifi's (requests' default); and a client certificate (MLFLOW_TRACKING_CLIENT_CERT_PATH). Without it
     a server behind an internal CA would be reported unreachable although MLflow reaches it."""
     import ssl
 
@@ -72,7 +72,11 @@ def _ssl_context() -> Any:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
     else:
-        ctx = ssl.create_default_context()
+        try:
+            import certifi   # what requests verifies against, not the system's store
+            ctx = ssl.create_default_context(cafile=certifi.where())
+        except ImportError:
+            ctx = ssl.create_default_context()
     if env("MLFLOW_TRACKING_CLIENT_CERT_PATH"):
         ctx.load_cert_chain(env("MLFLOW_TRACKING_CLIENT_CERT_PATH"))
     return ctx
