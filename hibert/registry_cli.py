@@ -22,6 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "sync: send a run directory's tracking outbox (what a tracking outage left unsent)")
     p.add_argument("target", nargs="?", default=None,
                    help="model name, or name@alias / name/version for show; the run directory for sync")
+    p.add_argument("--rejected", action="store_true", help="sync: also send again what the server refused "
+                   "earlier (tracking/outbox.rejected.jsonl), e.g. once an expired token is renewed")
     p.add_argument("--wait", type=float, default=0.0, metavar="S",
                    help="sync: keep probing a server that is away for up to S seconds (default 0)")
     p.add_argument("--uri", default=None, help="tracking URI (default: $MLFLOW_TRACKING_URI or "
@@ -61,15 +63,17 @@ def sync(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _err(f"{resolved}: {e}")
     outbox = Outbox(run_dir)
-    waiting = len(outbox)
-    if not waiting:
-        print(f"{run_dir}: nothing to send ({outbox.rejected()} refused earlier, in {outbox.rejected_path})"
-              if outbox.rejected() else f"{run_dir}: nothing to send")
+    if not len(outbox) and not (args.rejected and outbox.rejected()):
+        print(f"{run_dir}: nothing to send ({outbox.rejected()} refused earlier, in {outbox.rejected_path}: "
+              "--rejected sends them again)" if outbox.rejected() else f"{run_dir}: nothing to send")
         return 0
     lock, holder = try_claim(run_dir)  # the running job owns its outbox
     if holder:
         return _err(f"{run_dir} is in use by {holder}: it sends its own outbox")
     try:
+        if args.rejected:
+            outbox.requeue_rejected()
+        waiting = len(outbox)
         tracker = Tracker(cfg, enabled=True, run_dir=run_dir)
         left = tracker.sync(wait_s=args.wait)
         rejected = tracker.rejected()

@@ -276,3 +276,36 @@ def test_a_server_gone_before_the_run_starts_is_one_line_or_the_outbox(tmp_path,
     send(uri, [{**tracker.outbox.read()[0], "run_id": run_id}])
     run = c.get_run(run_id)
     assert run.info.status == "RUNNING" and run.data.tags["stage"] == "x"
+
+
+def test_refused_operations_are_sent_again_with_sync_rejected(tmp_path, capsys):
+    """What a server refused (a 401 while a token had expired) is kept, not lost: `hibert registry sync RUN_DIR
+    --rejected` puts it back in front of what is pending and sends it."""
+    import argparse
+
+    import mlflow
+
+    from hibert import registry_cli
+    from hibert.config import Config, save_resolved
+
+    cfg = Config()
+    cfg.run.output_dir = str(tmp_path)
+    cfg.tracking.uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_dir = tmp_path / "run"
+    save_resolved(cfg, run_dir)
+    client = mlflow.MlflowClient(cfg.tracking.uri)
+    run_id = client.create_run(client.create_experiment("x")).info.run_id
+    box = Outbox(run_dir)
+    box.reject({"op": "metrics", "run_id": run_id, "values": {"loss": 2.0}, "step": 1, "timestamp": 1000},
+               "MlflowException: 401 Unauthorized")
+
+    def sync(*flags: str) -> int:
+        p = argparse.ArgumentParser()
+        registry_cli.add_arguments(p)
+        return registry_cli.run(p.parse_args(["sync", str(run_dir), "--uri", cfg.tracking.uri, *flags]))
+
+    assert sync() == 0 and "--rejected sends them again" in capsys.readouterr().out
+    box.append({"op": "end", "run_id": run_id, "status": "FINISHED"})
+    assert sync("--rejected") == 0 and "sent 2 operation(s)" in capsys.readouterr().out
+    assert client.get_metric_history(run_id, "loss")[0].value == 2.0
+    assert client.get_run(run_id).info.status == "FINISHED" and box.rejected() == 0 and len(box) == 0

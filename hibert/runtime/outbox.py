@@ -11,7 +11,8 @@ the export, then `registry.json` is rewritten with its number), `resume` (the re
 RUNNING, its tags, a new run's params) and `end` (the run's final status).
 
 An operation the server *refuses* (a 4xx: a bad value, a permission) is not retried forever: it moves to
-`outbox.rejected.jsonl` with the server's message, and is counted in the warning. A 5xx (a reverse proxy whose
+`outbox.rejected.jsonl` with the server's message, and is counted in the warning; `hibert registry sync RUN_DIR
+--rejected` queues them again once the cause is fixed (an expired token renewed). A 5xx (a reverse proxy whose
 backend is down, an overloaded server) is an outage like no answer at all: the operation stays queued.
 """
 from __future__ import annotations
@@ -102,6 +103,23 @@ class Outbox:
         self.rejected_path.parent.mkdir(parents=True, exist_ok=True)
         with self.rejected_path.open("a", encoding="utf-8") as f:
             f.write(json.dumps({**op, "rejected": reason[:500], "rejected_at": time.time()}, sort_keys=True) + "\n")
+
+    def requeue_rejected(self) -> int:
+        """Put the operations the server refused back in front of the pending ones (they are older), for a send
+        after what it refused is fixed (an expired token, a permission). Returns how many."""
+        if not self.rejected_path.is_file():
+            return 0
+        ops = []
+        for line in self.rejected_path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                try:
+                    op = json.loads(line)
+                except ValueError:
+                    continue   # a line cut by a crash while it was written: never an acknowledged operation
+                ops.append({k: v for k, v in op.items() if k not in ("rejected", "rejected_at")})
+        self.replace(ops + self.read())
+        self.rejected_path.unlink()
+        return len(ops)
 
     def rejected(self) -> int:
         if not self.rejected_path.is_file():
