@@ -59,6 +59,7 @@ th("model:rouge1_f").click(); out.push(ids());
 th("id").click(); out.push(ids());
 document.querySelector("tr.detail").open();
 out.push(document.querySelector("tr.detail .sent mark").parentNode.innerHTML);
+out.push([...document.querySelectorAll("tr.detail h4")].map(h => h.textContent).filter(t => t.startsWith("ref")));
 const f = document.getElementById("filter"); f.value = "ZEBRA"; f.oninput(); out.push(ids());
 const pre = el("pre", "", out.join("|")); pre.id = "probe"; document.body.appendChild(pre);
 </script></body>"""
@@ -66,7 +67,7 @@ const pre = el("pre", "", out.join("|")); pre.id = "probe"; document.body.append
 
 def test_page_sorts_ids_naturally_puts_missing_scores_last_and_filters_summaries(tmp_path):
     ids = ["test.jsonl:10", "test.jsonl:9", "test.jsonl:100", "test.jsonl:2"]
-    docs = [Document(i, SOURCE, [["A reference."]], None) for i in ids]
+    docs = [Document(i, SOURCE, [["A reference."], ["Another one."]], None) for i in ids]   # scored on the best
     model = [SUMMARY, SUMMARY, ["A zebra crossing."], SUMMARY]
     r1 = [30.0, None, 10.0, 20.0]                            # no score for test.jsonl:9
     result = {"summaries": {"model": model},
@@ -81,6 +82,7 @@ def test_page_sorts_ids_naturally_puts_missing_scores_last_and_filters_summaries
                      "test.jsonl:2,test.jsonl:9,test.jsonl:10,test.jsonl:100",
                      # the summary as written (no space put before the full stop), its copied run marked
                      '<mark class="copy">The council approved the budget</mark>.',
+                     "reference 1 of 2,reference 2 of 2",                           # every reference shown
                      "test.jsonl:100"]                                              # found in its summary only
 
 

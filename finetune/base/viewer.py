@@ -179,7 +179,8 @@ def viewer_data(result: dict[str, Any], docs: Sequence[Any], meta: dict[str, Any
     per_doc = result.get("per_document", {})
     rows = []
     for k, doc in enumerate(docs):
-        entry = {"id": doc.doc_id, "source": list(doc.sentences), "reference": list(doc.references[0]),
+        # every reference: a document with several scores the best of them (rouge.py), so all are shown
+        entry = {"id": doc.doc_id, "source": list(doc.sentences), "references": [list(r) for r in doc.references],
                  "picks": {}, "systems": {}}
         for name in systems:
             summary = result["summaries"][name][k]
@@ -275,12 +276,14 @@ function summaries(d) {
       box.appendChild(p);}
     if (sys.novel_bigrams.length) box.appendChild(el("div", "tag", "novel bigrams: " + sys.novel_bigrams.join(" · ")));
   }
-  box.appendChild(el("h4", "", "reference"));
-  d.reference.forEach(s => box.appendChild(el("div", "sent", s)));
+  d.references.forEach((ref, i) => {
+    box.appendChild(el("h4", "", d.references.length > 1 ? `reference ${i + 1} of ${d.references.length}` : "reference"));
+    ref.forEach(s => box.appendChild(el("div", "sent", s)));
+  });
   return box;
 }
 // what the filter searches: the id, the source, every system's summary and the reference (built once per document)
-const haystack = d => d._haystack ??= [d.id, ...d.source, ...d.reference,
+const haystack = d => d._haystack ??= [d.id, ...d.source, ...d.references.flat(),
   ...D.systems.map(s => d.systems[s].segments.map(sent => sent.map(([t]) => t).join("")).join(" "))]
   .join(" ").toLowerCase();
 // ids sort as people read them ("test.jsonl:2" before "test.jsonl:10"); a missing score (NaN) is last both ways
