@@ -35,6 +35,8 @@ def test_nfkc_forms_match_and_the_original_text_keeps_its_spans():
     assert copy_segments(decoded, source) == [[[decoded[0], "copy"]]]
     assert tokens("2½ ﬁnal") == [("21", 0, 2), ("⁄", 0, 2), ("2", 0, 2), ("final", 3, 7)]
     assert tokens("Cafe\u0301.") == [("café", 0, 5), (".", 5, 6)]
+    # scripts whose letters carry combining marks (not in \w): the word stays one token, the full stop apart
+    assert tokens("हिन्दी भाषा.") == [("हिन्दी", 0, 6), ("भाषा", 7, 11), (".", 11, 12)]
 
 
 def test_picks_among_repeated_sentences():

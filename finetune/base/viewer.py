@@ -45,13 +45,24 @@ def _normalised(text: str) -> tuple[str, list[tuple[int, int]]]:
     return "".join(norm), spans
 
 
+def _is_mark(c: str) -> bool:
+    return unicodedata.category(c)[0] == "M"
+
+
 def tokens(text: str) -> list[tuple[str, int, int]]:
     """The tokens of `text` that summaries and sources are matched on, each with the span of `text` it shows as.
     Tokens that come from one character ("2½" -> "21" "⁄" "2") share one span (the union of theirs)."""
     if text.isascii():                            # the common case: NFKC changes nothing
         return [(m.group().lower(), m.start(), m.end()) for m in _TOKEN.finditer(text)]
     norm, spans = _normalised(text)
-    out = [(m.group(), spans[m.start()][0], spans[m.end() - 1][1]) for m in _TOKEN.finditer(norm)]
+    cuts: list[tuple[int, int]] = []
+    for m in _TOKEN.finditer(norm):             # \w has no combining marks: a word's marks join it ("हिन्दी", "i̇")
+        c = norm[m.start()]
+        if cuts and cuts[-1][1] == m.start() and (_is_mark(c) or (_is_mark(norm[m.start() - 1]) and c.isalnum())):
+            cuts[-1] = (cuts[-1][0], m.end())
+        else:
+            cuts.append((m.start(), m.end()))
+    out = [(norm[a:b], spans[a][0], spans[b - 1][1]) for a, b in cuts]
     for k in range(len(out) - 1, 0, -1):          # overlapping spans -> one display unit
         (t0, s0, e0), (t1, s1, e1) = out[k - 1], out[k]
         if s1 < e0:
