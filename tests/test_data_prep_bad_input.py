@@ -157,3 +157,20 @@ def test_cluster_counts_are_those_of_the_kept_clusters(tmp_path, tok):
     assert got[1] == got[2] == {"kept": 2, "units": 2, "cluster_documents": 2, "synthetic_clusters": 1,
                                 "truncated_clusters": 2, "dropped_units": 2, "sentences": 2,
                                 "truncated_sentences": 2}
+
+
+def test_a_line_over_the_limit_is_skipped_without_being_held_in_memory(tmp_path):
+    """A JSONL or text file whose line never ends (a minified JSON array, a file without newlines): the reader
+    keeps at most the limit of it, counts it too_long, and goes on with the next line."""
+    import tracemalloc
+
+    from hibert.data_prep.readers.jsonl import json_objects
+
+    p = tmp_path / "x.jsonl"
+    p.write_text('{"text": "a"}\n{"text": "' + "b" * 20_000_000 + '"}\n{"text": "c"}\n')
+    tracemalloc.start()
+    out = list(json_objects(str(p), 0, 1, max_bytes=12_000))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert [o[0] if isinstance(o, tuple) else (o.reason, o.line) for o in out] == [1, ("too_long", 2), 3]
+    assert peak < 4 * 2**20, peak   # the 20 MB line was never read whole

@@ -29,8 +29,11 @@ class Lines:
     """The lines of a file, gzipped or plain (by magic number rather than suffix: LDC ships both). Damaged gzip
     data (truncated, corrupt) is a UserError naming the file and the last line read, not a bare traceback."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, max_line_bytes: int | None = None) -> None:
         self.path = Path(path)
+        # a line longer than this is yielded cut to max_line_bytes + 1 bytes (the reader then skips it as too
+        # long) and the rest is read past: a file without newlines must not be held in memory whole
+        self.limit = max_line_bytes
         with open(self.path, "rb") as f:
             magic = f.read(2)
         self.file: BinaryIO = gzip.open(self.path, "rb") if magic == b"\x1f\x8b" else open(self.path, "rb")
@@ -44,7 +47,15 @@ class Lines:
     def __iter__(self) -> Iterator[bytes]:
         n = 0
         try:
-            for raw in self.file:
+            if self.limit is None:
+                for raw in self.file:
+                    n += 1
+                    yield raw
+                return
+            while raw := self.file.readline(self.limit + 1):
+                if len(raw) > self.limit and not raw.endswith(b"\n"):
+                    while (rest := self.file.readline(1 << 20)) and not rest.endswith(b"\n"):
+                        pass
                 n += 1
                 yield raw
         except (EOFError, gzip.BadGzipFile, zlib.error) as e:
@@ -53,8 +64,8 @@ class Lines:
                             "fetch or compress it again") from None
 
 
-def open_binary(path: Path) -> Lines:
-    return Lines(path)
+def open_binary(path: Path, max_line_bytes: int | None = None) -> Lines:
+    return Lines(path, max_line_bytes)
 
 
 def file_units(paths: list[Path]) -> list[tuple[str, int]]:

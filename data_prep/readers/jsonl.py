@@ -22,13 +22,13 @@ def checksum(source: SourceConfig, unit: str) -> str:
 def json_objects(unit: str, part: int, parts: int,
                  max_bytes: int | None = None) -> Iterator[tuple[int, dict] | R.Skip]:
     """(line number, object) for every line of this part of a JSON Lines file; a bad line is a counted skip."""
-    with open_binary(Path(unit)) as f:
+    with open_binary(Path(unit), max_bytes) as f:
         for i, raw in enumerate(f):
             if i % parts != part:
                 continue
             line = i + 1
             if max_bytes is not None and len(raw) > max_bytes:
-                yield R.Skip(R.TOO_LONG, unit, line, f"{len(raw)} bytes")
+                yield R.Skip(R.TOO_LONG, unit, line, f"over {max_bytes} bytes")
                 continue
             text = R.decode(raw)
             if text is None:

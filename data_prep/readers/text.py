@@ -21,7 +21,7 @@ def _blocks(unit: str, limit: int) -> Iterator[tuple[int, list[bytes], int]]:
     """(first line, lines, size) of each blank-line separated block; content beyond `limit` is dropped."""
     lines: list[bytes] = []
     start = size = 0
-    with open_binary(Path(unit)) as f:
+    with open_binary(Path(unit), limit) as f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip(b" \t\r\n\f\v"):
                 if size:
@@ -44,7 +44,7 @@ def read(source: SourceConfig, name: str, unit: str, max_chars: int,
         if i % parts != part:
             continue
         if size > 4 * max_chars:
-            yield R.Skip(R.TOO_LONG, unit, line, f"{size} bytes")
+            yield R.Skip(R.TOO_LONG, unit, line, f"over {4 * max_chars} bytes")
             continue
         text = R.decode(b"".join(lines))
         if text is None:
