@@ -371,3 +371,16 @@ def test_summarize_a_corpus_as_a_slurm_array_then_merge(finetuned, slurm_cluster
     assert set(slurm_cluster.states(ids["sum-merge"])) == {"COMPLETED"}
     assert out.read_bytes() == ref.read_bytes()
     assert json.loads((tmp_path / "out.jsonl.stats.json").read_text())["skipped"] == {"invalid JSON": 1}
+
+
+def test_an_early_stopped_run_started_again_trains_no_further(tiny_data, tmp_path):
+    """A requeue of a run that stopped early (e.g. exit 69 while the tracking server was away) used to train on
+    past its stop and publish again: the stop is part of the run's state, so it is 'already finished'."""
+    over = tiny_train_overrides(tmp_path, "es", tiny_data["cnndm"], **{
+        "schedule.max_steps": 40, "schedule.eval_every": 2, "schedule.early_stop_patience": 1,
+        "optimizer.lr": 1e-12})   # the weights do not move: the second evaluation cannot improve on the first
+    run_hibert(["finetune", *over, "--init", "random"], timeout=300)
+    meta = json.loads((tmp_path / "es" / "export" / "export.json").read_text())
+    again = run_hibert(["finetune", *over, "--init", "random"], timeout=300)
+    assert "run already finished at step 4" in again.stdout + again.stderr
+    assert json.loads((tmp_path / "es" / "export" / "export.json").read_text()) == meta

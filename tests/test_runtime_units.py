@@ -211,3 +211,43 @@ def test_keep_freed_memory_reuses_large_blocks_without_new_page_faults():
     faults = {mode: int(subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True,
                                        check=True, timeout=120).stdout.split()[-1]) for mode in ("default", "keep")}
     assert faults["default"] > 10_000 and faults["keep"] < 1_000, faults
+
+
+def test_prune_sets_aside_tags_past_the_one_written_and_restate_never_removes_a_tag(tmp_path):
+    """keep_last 1, a good tag at 2000 and a corrupt one at 2500 (a resume skipped it), then 2200 written: 2200
+    stays (the corrupt 2500 used to outrank it and have it deleted) and 2500 is set aside. Marking the run finished
+    in 2200 rewrites its marker in place instead of deleting and rewriting the only checkpoint."""
+    from hibert.runtime.checkpoint import SUPERSEDED, CheckpointManager, _read_marker, tag_for, verify, write_marker
+
+    def tag(step: int, corrupt: bool = False) -> Path:
+        d = tmp_path / tag_for(step)
+        d.mkdir()
+        (d / "w.bin").write_bytes(bytes([step % 251]) * 100)
+        write_marker(d, step=step, world_size=1, state={"global_step": step})
+        if corrupt:
+            (d / "w.bin").write_bytes(b"x" * 100)
+        return d
+
+    tag(2000), tag(2500, corrupt=True)
+    current = tag(2200)
+    mgr = CheckpointManager(tmp_path, keep_last=1, rank=0, world_size=1)
+    mgr._prune(current)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [tag_for(2200), SUPERSEDED + tag_for(2500)]
+    assert mgr.restate(2200, {"global_step": 2200, "finished": True})
+    assert _read_marker(current)["state"]["finished"] and verify(current)[0]
+    assert not mgr.restate(2300, {}) and not CheckpointManager(tmp_path, 1, 0, world_size=2).restate(2200, {})
+
+
+def test_a_preemption_signal_before_the_trainer_exists_is_kept_not_fatal():
+    """prepare_run installs the process's one flag first: SIGUSR1 during the start-up (imports, DeepSpeed, data)
+    used to kill the rank, costing a restart; now the trainer, built later, sees it at its first step boundary."""
+    code = textwrap.dedent("""
+        import os, signal
+        from hibert.runtime.preemption import preemption_flag
+        flag = preemption_flag()
+        os.kill(os.getpid(), signal.SIGUSR1)           # still starting up: no trainer yet
+        assert preemption_flag() is flag and flag.signal_name == "SIGUSR1"
+        print("alive")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "alive", out.stderr[-2000:]

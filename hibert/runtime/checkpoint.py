@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 MARKER = "COMPLETE.json"
 PREFIX = "step_"
 UNIVERSAL = "_universal"
+SUPERSEDED = "superseded-"   # tags of a timeline a resumed run left (see CheckpointManager._prune)
 FORMAT = "hibert-checkpoint/1"          # who wrote the marker; markers without it are refused
 FINGERPRINT = "sha256-head-tail-1MiB"   # how `fingerprints` are computed (recorded in the marker)
 _EDGE = 1 << 20
@@ -196,9 +197,24 @@ class CheckpointManager:
         dist.barrier()  # every rank's shards are on disk before the marker says so
         if self.rank == 0:
             write_marker(tag_dir, step=step, world_size=self.world, state=state)
-            self._prune()
+            self._prune(tag_dir)
         dist.barrier()
         return tag_dir
+
+    def restate(self, step: int, state: dict[str, Any]) -> bool:
+        """Collective. Record `state` in the marker of this step's complete tag (its weights are this step's: the
+        caller wrote it or resumed from it), atomically: the tag is never absent. False when it does not verify."""
+        ok = [False]
+        if self.rank == 0:
+            tag_dir = self.root / tag_for(step)
+            meta = _read_marker(tag_dir) if tag_dir.is_dir() else None
+            # (a tag of another world size, resumed through its universal conversion, is written again instead)
+            if meta is not None and meta.get("world_size") == self.world and verify(tag_dir)[0]:
+                write_marker(tag_dir, step=step, world_size=self.world, state=state)
+                ok = [True]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(ok, src=0)
+        return ok[0]
 
     def _check_space(self, engine, step: int) -> None:
         """Rank 0 compares the free space with what the next tag needs (the newest tag's size, or ~16 bytes
@@ -225,11 +241,20 @@ class CheckpointManager:
         return (f"no space for checkpoint step {step} in {self.root} ({why}); {kept}. Free space (or set "
                 "checkpoint.keep_last lower) and start the run again: it resumes from the newest complete checkpoint")
 
-    def _prune(self) -> None:
-        # only tags our marker claims count and are deleted: a foreign directory is neither trusted
-        # nor removed (and cannot push our own newest tags out of the keep-last window)
+    def _prune(self, current: Path) -> None:
+        """Keep the `keep_last` newest tags up to `current`, the one just written. A tag past it is from a timeline
+        this run left (resumed from an older tag: a rollback, a corrupt newest tag skipped): set aside as
+        `superseded-<tag>`, never resumed from, never counted, never deleted — it would otherwise outrank (and
+        push out) what this run writes. Only tags our marker claims count: a foreign directory is neither trusted
+        nor removed."""
         good = [t for t in complete_tags(self.root) if _ours(t)]
-        for old in good[self.keep_last:]:
+        for newer in [t for t in good if t.name > current.name]:
+            target, n = newer.with_name(f"{SUPERSEDED}{newer.name}"), 1
+            while target.exists():
+                n += 1
+                target = newer.with_name(f"{SUPERSEDED}{newer.name}-{n}")
+            newer.rename(target)
+        for old in [t for t in good if t.name <= current.name][self.keep_last:]:
             shutil.rmtree(old, ignore_errors=True)
 
     def _verified(self) -> tuple[list[Resumable], dict[str, str]]:

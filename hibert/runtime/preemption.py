@@ -31,6 +31,19 @@ class PreemptionFlag:
         return bool(t.item())
 
 
+_FLAG: PreemptionFlag | None = None
+
+
+def preemption_flag() -> PreemptionFlag:
+    """The process's flag, installed on first use. `prepare_run` asks for it before the slow start-up (imports,
+    DeepSpeed, data, the model): a SIGUSR1 from Slurm or the launcher then waits for the first step boundary
+    (checkpoint, exit for requeue) instead of killing a rank that had not installed its handler yet."""
+    global _FLAG
+    if _FLAG is None:
+        _FLAG = PreemptionFlag().install()
+    return _FLAG
+
+
 def ignore_preemption_signals(_worker_id: int = 0, parent: int | None = None) -> None:
     """DataLoader worker_init_fn: only the trainer reacts to preemption; workers must keep feeding it
     while it finishes the step and checkpoints. Since they ignore SIGTERM, they are tied to their parent's

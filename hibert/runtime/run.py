@@ -35,6 +35,7 @@ from hibert.runtime.engine import init_distributed
 from hibert.runtime.export import read_export
 from hibert.runtime.launch import relaunch
 from hibert.runtime.outbox import OUTBOX
+from hibert.runtime.preemption import preemption_flag
 from hibert.runtime.publish import NothingTrained, PeerFailed
 from hibert.runtime.task import LoaderItem, ParamGroup, Task
 from hibert.runtime.trainer import Trainer
@@ -112,6 +113,7 @@ def check_init_compatible(cfg: Config, init: InitModel, dataset_tokenizer: Path,
 
 
 def prepare_run(cfg: Config, check_init: bool = True) -> RunInputs:
+    preemption_flag()   # first: a SIGUSR1 during the start-up below is kept for the first step, not fatal
     # a tracking server that does not answer: one line on every rank now, not minutes of MLflow retries later
     uri = tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False)
     check_reachable(uri)

@@ -24,7 +24,7 @@ from hibert.runtime.checkpoint import CheckpointManager
 from hibert.runtime.engine import Runtime, build_engine
 from hibert.runtime.loader import make_loader
 from hibert.runtime.metrics import PhaseClock, Window, default_peak_tflops, peak_memory_gb
-from hibert.runtime.preemption import PreemptionFlag
+from hibert.runtime.preemption import preemption_flag
 from hibert.runtime.publish import publish
 from hibert.runtime.step_log import StepLog, banner
 from hibert.runtime.task import Task
@@ -68,9 +68,15 @@ class Checkpointer:
             self.save(engine, step, state)
 
     def save(self, engine, step: int, state: dict[str, Any], force: bool = False) -> None:
-        if force or self.last_saved != step:
-            self.manager.save(engine, step, state)
-            self.last_saved = step
+        """`force`: save even if this step's tag was written (or resumed from): then its weights are these, and
+        only the state in its marker is replaced, atomically — rewriting the tag would leave a moment without
+        it, and with keep_last 1 without any checkpoint."""
+        if self.last_saved == step:
+            if not force or self.manager.restate(step, state):
+                return
+            # forced, and the tag no longer verifies: written again below
+        self.manager.save(engine, step, state)
+        self.last_saved = step
 
 
 class Trainer:
@@ -90,7 +96,7 @@ class Trainer:
             CheckpointManager(cfg.checkpoint_dir, cfg.checkpoint.keep_last, rt.rank, rt.world_size),
             cfg.checkpoint.every_steps)
         self.tracker = Tracker(cfg, enabled=rt.is_main)
-        self.flag = PreemptionFlag().install()
+        self.flag = preemption_flag()   # installed by prepare_run already, before the start-up
         s = cfg.schedule
         self.validator = Validator(self, s.eval_every, s.early_stop_patience, cfg.checkpoint.keep_best)
         self.step_log = StepLog(0, 0, rt.is_main)
@@ -153,6 +159,8 @@ class Trainer:
         new_micro = self.rt.world_size * s.grad_accum
         if old_micro != new_micro:  # keep the position in the data stream, counted in micro-batches
             self.state["step_in_epoch"] = r.state["step_in_epoch"] * old_micro // new_micro
+        self.validator.restore()
+        self.checkpointer.last_saved = self.state["global_step"]   # this step's tag holds these weights
         if self.rt.is_main:
             log.info("resumed from %s at step %d (epoch %d, step %d of the epoch)", r.path,
                      self.state["global_step"], self.state["epoch"], self.state["step_in_epoch"])
@@ -247,7 +255,8 @@ class Trainer:
             save_resolved(cfg, self.run_dir)
         self._resume()
         done = self.run_dir / "export" / "registry.json"
-        nothing_left = self._horizon_reached() or self.state["epoch"] >= s.epochs
+        # an early-stopped run has nothing left either: started again (a requeue), it must not train past its stop
+        nothing_left = self._horizon_reached() or self.state["epoch"] >= s.epochs or self.state.get("early_stopped")
         if self.state.get("finished") and nothing_left and done.is_file():
             # A finished run started again (e.g. a requeue after the last step): nothing left to do.
             if rt.is_main:
@@ -265,7 +274,8 @@ class Trainer:
                 "zero_stage": str(cfg.deepspeed.zero_stage)}
         self.state["mlflow_run_id"] = self.tracker.start(self.state["mlflow_run_id"], tags) or self.state["mlflow_run_id"]
         window = Window(default_peak_tflops(rt.device, cfg.tracking.peak_tflops), rt.world_size)
-        status, it, train_stats = "finished", None, {}
+        # a run preempted at the step that stopped it early resumes stopped: it publishes, it does not train
+        status, it, train_stats = "early_stopped" if self.state.get("early_stopped") else "finished", None, {}
         plan = first_plan
         try:
             while self.state["epoch"] < s.epochs and status == "finished" and not self._horizon_reached():
@@ -285,8 +295,9 @@ class Trainer:
                         train_stats = {}
                     if self.validator.due(step) and self.validator.run(step):
                         status = "early_stopped"
+                        self.state["early_stopped"] = True   # in every checkpoint from here: a resume does not train
                     self.checkpointer.maybe_save(self.engine, step, self.state)
-                    if self.flag.agreed(rt.device):
+                    if self.flag.agreed(rt.device):   # even at an early stop: the resume publishes (see above)
                         status = "preempted"
                     if status != "finished" or self._horizon_reached():
                         break

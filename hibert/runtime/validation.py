@@ -28,9 +28,18 @@ class Validator:
     def due(self, step: int) -> bool:
         return bool(self.every) and step % self.every == 0
 
+    def restore(self) -> None:
+        """After a resume: the last evaluation (a run preempted right after it must not evaluate that step again at
+        its end, which would count it twice among the kept best)."""
+        self.last_step, self.last = self.state.get("last_eval_step", -1), dict(self.state.get("last_eval", {}))
+
+    def _evaluated(self, step: int) -> None:
+        self.last, self.last_step = self.trainer.evaluate(), step
+        self.state["last_eval_step"], self.state["last_eval"] = step, dict(self.last)
+
     def run(self, step: int) -> bool:
         """Collective. Evaluate, log, update the kept best weights; True = early stop."""
-        self.last, self.last_step = self.trainer.evaluate(), step
+        self._evaluated(step)
         self.trainer.tracker.metrics(self.last, step)
         self.trainer.step_log.eval(step, self.last)
         stop = self._early_stop(self.last)
@@ -40,7 +49,7 @@ class Validator:
     def final(self, step: int) -> dict[str, float]:
         """Collective. The end-of-training evaluation, unless this step was just evaluated."""
         if self.last_step != step:
-            self.last, self.last_step = self.trainer.evaluate(), step
+            self._evaluated(step)
             self.trainer.tracker.metrics(self.last, step)
             self.trainer.step_log.eval(step, self.last)
             self._keep_if_best(self.last, step)
@@ -68,8 +77,8 @@ class Validator:
         sign = 1.0 if self.task.eval_mode == "max" else -1.0
         cands = self.state["candidates"]
         ranked = sorted(cands, key=lambda c: -sign * c[0])
-        if len(ranked) >= n and sign * metrics[key] <= sign * ranked[n - 1][0]:
-            return
+        if any(c[1] == step for c in cands) or (len(ranked) >= n and sign * metrics[key] <= sign * ranked[n - 1][0]):
+            return   # (a step already kept: one evaluation counts once)
         full = gather_fp32_state_dict(self.trainer.engine.module, "")
         path = self.trainer.run_dir / "best" / f"step_{step:09d}.safetensors"
         main = self.trainer.rt.is_main
