@@ -285,7 +285,7 @@ def test_manager_skips_foreign_tags_and_never_prunes_for_them(tmp_path, one_rank
     assert "step_000000004 skipped" in caplog.text and "not written by this platform" in caplog.text
     with pytest.raises(FileNotFoundError, match="not written by this platform"):
         mgr.resume(engine=None, explicit=str(foreign))
-    mgr._prune()  # keep_last=1: the newer foreign tag must not push ours out, nor be deleted
+    mgr._prune(ours)  # keep_last=1: the newer foreign tag must not push ours out, nor be deleted or set aside
     assert ours.is_dir() and foreign.is_dir()
     # only foreign tags left: an error, not a silent fresh start on top of them
     import shutil
