@@ -5,12 +5,14 @@ work (linears, FFN, LayerNorm) runs on those N rows only. Attention alone needs 
 on CUDA it runs the memory-efficient (cutlass) attention kernel in its variable-length mode straight on
 the stream (cumulative lengths, no padding at all); elsewhere it scatters q/k/v into a zero-filled [G, L]
 grid (`Layout`), runs torch's fused scaled_dot_product_attention with a key-padding mask (or causally), and
-gathers the N rows back.
+gathers the N rows back. Many sequences of mixed lengths (a batch of documents' sentences) go to a few
+grids by length instead of one as wide as the longest (`Layout.buckets`).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +55,62 @@ class Layout:
     causal: bool = False            # decoder: position i sees keys <= i (right padding then needs no mask)
     cu_seqlens: Tensor | None = None  # [num_seqs + 1] int32 sequence starts in the stream (packed only)
 
+    @cached_property
+    def buckets(self) -> "list[Bucket] | None":
+        """The padded path's grids by sequence length, or None for the one [num_seqs, max_len] grid.
+
+        One grid as wide as the longest sequence wastes most of its work on mixed lengths: 16 CNN/DM
+        documents hold 513 sentences of 2-49 tokens, 44% of a 56-wide grid is padding, attention's cost
+        grows with the square of the width, and the grid (88 MB of q/k/v) is zero-filled at every layer.
+        Sequences are grouped by their length rounded up to 8, groups of fewer than `_MIN_BUCKET`
+        sequences joining the next wider one (a few small grids cost more in per-call overhead than their
+        padding): 29 against 15 ms per layer for those 16 documents on 2 CPU cores, H=256; a single
+        document's 35 sentences stay one grid. Computed once per layout (the layers share it)."""
+        if self.cu_seqlens is None or self.num_seqs < 2 * _MIN_BUCKET:
+            return None
+        cu = self.cu_seqlens.long().cpu()
+        lengths = cu[1:] - cu[:-1]
+        width = (lengths + 7) // 8 * 8
+        groups: list[list[int]] = []
+        for w in sorted(set(width.tolist()) - {0}):
+            members = torch.nonzero(width == w).squeeze(1).tolist()
+            if groups and len(groups[-1]) < _MIN_BUCKET:
+                groups[-1].extend(members)
+            else:
+                groups.append(members)
+        if len(groups) > 1 and len(groups[-1]) < _MIN_BUCKET:
+            groups[-2].extend(groups.pop())
+        if len(groups) < 2:
+            return None
+        device = self.cu_seqlens.device
+        out = []
+        for members in groups:
+            seqs = torch.tensor(members)
+            lens, starts = lengths[seqs], cu[seqs]
+            w = int(width[seqs].max())
+            offset = torch.arange(int(lens.sum())) - torch.repeat_interleave(lens.cumsum(0) - lens, lens)
+            out.append(Bucket(
+                num_seqs=len(members), max_len=w,
+                src=(torch.repeat_interleave(starts, lens) + offset).to(device),
+                slot=(torch.repeat_interleave(torch.arange(len(members)) * w, lens) + offset).to(device),
+                key_mask=(torch.arange(w)[None] < lens[:, None]).to(device),
+            ))
+        return out
+
+
+_MIN_BUCKET = 64  # fewest sequences a length bucket of the padded path holds
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Sequences of similar length on their own [num_seqs, max_len] grid."""
+
+    num_seqs: int
+    max_len: int
+    src: Tensor       # [n] stream position of each of the bucket's elements
+    slot: Tensor      # [n] their slots on the bucket's grid
+    key_mask: Tensor  # [num_seqs, max_len] bool
+
 
 def attention(qkv: Tensor, layout: Layout, heads: int) -> Tensor:
     """Multi-head self-attention of a flat stream, `qkv [N, 3H]` -> `[N, H]`.
@@ -66,17 +124,33 @@ def attention(qkv: Tensor, layout: Layout, heads: int) -> Tensor:
         cu, length = layout.cu_seqlens, layout.max_len
         out = _VARLEN_ATTENTION(q, k, v, None, cu, cu, length, length, 0.0, int(layout.causal), True)[0]
         return out.view(n, hidden)
-    g, length = layout.num_seqs, layout.max_len
-    grid = qkv if layout.index is None else qkv.new_zeros(g * length, width).index_copy_(0, layout.index, qkv)
-    q, k, v = grid.view(g, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-    mask = None if layout.key_mask is None else layout.key_mask[:, None, None, :]
+    buckets = layout.buckets
+    if buckets is not None:
+        out = qkv.new_empty(n, hidden)
+        for b in buckets:
+            mask = None if layout.causal else b.key_mask  # causal: right padding is never attended
+            part = _grid_attention(qkv.index_select(0, b.src), b.num_seqs, b.max_len, b.slot, mask, layout.causal,
+                                   heads)
+            out = out.index_copy(0, b.src, part) if torch.is_grad_enabled() else out.index_copy_(0, b.src, part)
+        return out
+    return _grid_attention(qkv, layout.num_seqs, layout.max_len, layout.index, layout.key_mask, layout.causal, heads)
+
+
+def _grid_attention(qkv: Tensor, g: int, length: int, index: Tensor | None, key_mask: Tensor | None, causal: bool,
+                    heads: int) -> Tensor:
+    """Fused attention of `qkv [n, 3H]` placed at `index` on a zero [g, length] grid (None: it is the grid)."""
+    width = qkv.shape[1]
+    hidden = width // 3
+    grid = qkv if index is None else qkv.new_zeros(g * length, width).index_copy_(0, index, qkv)
+    q, k, v = grid.view(g, length, 3, heads, hidden // heads).permute(2, 0, 3, 1, 4).unbind(0)
+    mask = None if key_mask is None else key_mask[:, None, None, :]
     if qkv.is_cuda:
         with sdpa_kernel(_CUDA_SDPA_BACKENDS):
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=layout.causal)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
     else:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=layout.causal)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
     out = out.transpose(1, 2).reshape(g * length, hidden)
-    return out if layout.index is None else out.index_select(0, layout.index)
+    return out if index is None else out.index_select(0, index)
 
 
 class TransformerLayer(nn.Module):
@@ -96,7 +170,8 @@ class TransformerLayer(nn.Module):
         self.ffn_in = nn.Linear(h, f)
         self.ffn_out = nn.Linear(f, h)
         self.ffn_norm = nn.LayerNorm(h)
-        self.act = nn.ReLU() if cfg.activation == "relu" else nn.GELU()
+        # in place: the FFN's widest activation is not written twice (ffn_in's output is not kept for backward)
+        self.act = nn.ReLU(inplace=True) if cfg.activation == "relu" else nn.GELU()
         self.dropout = nn.Dropout(cfg.dropout)
 
     def _attn(self, x: Tensor, layout: Layout) -> Tensor:
