@@ -5,6 +5,7 @@ import json
 import os
 import platform
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -60,7 +61,23 @@ def machine() -> dict:
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
         info["cuda"] = torch.version.cuda
+    info.update(source_revision())
     return info
+
+
+def source_revision() -> dict:
+    """The commit the benchmark ran at and whether tracked files differed from it (a number from a dirty
+    tree cannot be reproduced from the commit alone); empty outside a git checkout."""
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    if head.returncode != 0:
+        return {}
+    return {"commit": head.stdout.strip(), "tracked_changes": bool(dirty.stdout.strip())}
 
 
 def write_results(path: Path, result: dict) -> int:
