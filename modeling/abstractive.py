@@ -608,7 +608,8 @@ class KVCache:
             n = keep_docs.numel()
             if self.kv is not None and self.length > 0:
                 t = self.length
-                self.kv[:, :, :n, :t] = self.kv[:, :, keep_docs, :t]  # the right side is gathered first
+                for layer in range(self.num_layers):  # a layer at a time: the gathered copy is 1/layers of the cache
+                    self.kv[layer, :, :n, :t] = self.kv[layer, :, keep_docs, :t]  # the right side is gathered first
             self.docs = n
         if rows.shape[0] != self.docs * self.beams:
             raise ValueError(f"{rows.shape[0]} hypotheses after reorder, expected {self.docs} x {self.beams}")

@@ -153,6 +153,39 @@ def test_kv_cache_reorder_follows_backpointers(cross, copy, norm_first):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+
+def test_kv_cache_follows_many_reorders_without_moving_entries():
+    """Beam search hands beams each other's prefixes at every step and drops finished documents: the cache
+    (each hypothesis attends over its document's entries under its ancestry) continues exactly like a fresh
+    decode of every hypothesis' own token history. K=3 beams, 3 documents, random backpointers within each
+    document for 6 steps, the middle document dropped after step 3."""
+    docs = random_docs(8, n_docs=3)
+    model = tiny_model()
+    rng = np.random.default_rng(1)
+    k, steps = 3, 6
+    history = torch.full((9, 1), BOS_ID)
+    keep = torch.arange(3)
+    with torch.no_grad():
+        state = model.start_decoding(pack_documents(docs), beams=k, max_len=steps + 1)
+        for t in range(steps):
+            got = model.decode_step(history[:, -1], state)
+            fresh = model.start_decoding(pack_documents([docs[i] for i in keep.tolist()]), beams=k, max_len=steps + 1)
+            for j in range(t + 1):
+                want = model.decode_step(history[:, j], fresh)
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            b = len(keep)
+            rows = (torch.arange(b)[:, None] * k + torch.as_tensor(rng.integers(0, k, (b, k)))).flatten()
+            history = torch.cat([history[rows], torch.as_tensor(rng.integers(6, V, (b * k, 1)))], 1)
+            if t == 2:  # the middle document is done
+                kept = torch.tensor([0, 2])
+                rows = rows.view(b, k)[kept].flatten()
+                history = history.view(b, k, -1)[kept].flatten(0, 1)
+                state.reorder(rows, keep_docs=kept)
+                keep = keep[kept]
+            else:
+                state.reorder(rows)
+
+
 # ---------------------------------------------------------------------------------------------- PHT / VHT
 def _memory_and_queries(seed: int = 5):
     docs = random_docs(seed, n_docs=2, max_sents=4, max_words=6)

@@ -143,3 +143,32 @@ def test_bundles_pickle_as_one_buffer_and_come_back_equal():
                                                back.docs.sent_lens))
     padded = make_padded_pretrain_batch(DOCS, [[0], [0], [1]], [[[10, 11, 12]], [[20]], [[32, 33, 34]]])
     _assert_same_bundle(padded, pickle.loads(pickle.dumps(padded)))  # None fields (token_index) survive too
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_length_buckets_attend_exactly_like_one_grid(causal):
+    """Many sequences of mixed lengths go to a few grids by length (`Layout.buckets`); every row gets what the
+    one [num_seqs, max_len] grid gives it, and so do the gradients. Few sequences stay one grid."""
+    from hibert.modeling.layers import Layout, attention
+
+    rng = np.random.default_rng(3)
+    lens = torch.as_tensor(np.concatenate([rng.integers(1, 12, 150), rng.integers(30, 50, 90)]))
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]).to(torch.int32)
+    width = int(lens.max())
+    index = torch.cat([torch.arange(n) + i * width for i, n in enumerate(lens.tolist())])
+    mask = None if causal else torch.arange(width)[None] < lens[:, None]
+    bucketed = Layout(len(lens), width, index, mask, causal=causal, cu_seqlens=cu)
+    plain = Layout(len(lens), width, index, mask, causal=causal)
+    assert bucketed.buckets is not None and len(bucketed.buckets) >= 2
+    assert sum(b.src.numel() for b in bucketed.buckets) == int(lens.sum())
+    assert max(b.max_len for b in bucketed.buckets[:-1]) < width  # the short sequences left the wide grid
+    qkv = torch.randn(int(lens.sum()), 3 * 16, requires_grad=True)
+    got = attention(qkv, bucketed, heads=2)
+    (grad_got,) = torch.autograd.grad(got.square().sum(), qkv)
+    want = attention(qkv, plain, heads=2)
+    (grad_want,) = torch.autograd.grad(want.square().sum(), qkv)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(grad_got, grad_want, atol=1e-5, rtol=1e-5)
+    few = Layout(20, width, index[: int(lens[:20].sum())], None if causal else mask[:20], causal=causal,
+                 cu_seqlens=cu[:21])
+    assert few.buckets is None
