@@ -2,7 +2,8 @@
 
 B documents x K beams decode together. The encoder runs once; every decoder layer's memory K/V is
 projected once per document and never tiled over beams (beams are the query axis of cross-attention);
-the self-attention K/V live in a preallocated cache written in place and reordered by backpointers.
+the self-attention K/V live in a preallocated cache written once, each hypothesis seeing its ancestors'
+entries (backpointers reorder a small mask, never the keys/values).
 Per step the Python work is a fixed number of tensor ops whatever B and K are; finished hypotheses go to
 a per-document pool (tensors, merged with one sort), and documents that are done leave the batch.
 
