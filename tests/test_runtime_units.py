@@ -251,3 +251,52 @@ def test_a_preemption_signal_before_the_trainer_exists_is_kept_not_fatal():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "alive", out.stderr[-2000:]
+
+
+def test_a_checkpoint_reaches_the_disk_before_its_marker_names_it(tmp_path, monkeypatch):
+    """Every file of a tag is fsynced before the marker is written (each rank flushes what its machine wrote,
+    before the barrier); the marker's own bytes are fsynced before the rename that publishes it, and the
+    directory after it. A real one-rank gloo group and a stand-in engine that writes two shards."""
+    import os
+
+    import torch.distributed as dist
+
+    from hibert.runtime import checkpoint as ck
+
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, Path.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def replace(self, target):
+        events.append(("rename", Path(target).name))
+        return real_replace(self, target)
+
+    class Engine:
+        def save_checkpoint(self, root, tag, save_latest, client_state):
+            for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"):
+                (Path(root) / tag / name).parent.mkdir(parents=True, exist_ok=True)
+                (Path(root) / tag / name).write_bytes(os.urandom(4096))
+
+        def module(self):
+            return None
+
+    monkeypatch.setattr(ck.os, "fsync", fsync)
+    monkeypatch.setattr(Path, "replace", replace)
+    monkeypatch.setattr(ck.CheckpointManager, "_check_space", lambda self, engine, step: None)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        tag = ck.CheckpointManager(tmp_path, keep_last=2, rank=0, world_size=1).save(Engine(), 7, {"global_step": 7})
+    finally:
+        dist.destroy_process_group()
+    assert ck.verify(tag)[0]
+    rename = events.index(("rename", ck.MARKER))
+    synced_before = {Path(p).name for kind, p in events[:rename] if kind == "fsync"}
+    files = {p.name for p in tag.iterdir() if p.name != ck.MARKER}
+    assert files <= synced_before, files - synced_before                   # every shard and the RNG state
+    assert (ck.MARKER + ".tmp") in synced_before                            # the marker's bytes, then the rename
+    assert ("fsync", str(tag)) in events[rename + 1:]                       # then the directory entry

@@ -17,6 +17,10 @@ skipped on resume with the reason; the newest good one wins, and an explicit `ch
 fails the check is an error naming the reason. When only foreign-marker tags are there, resuming is an
 error too (not a silent fresh start over them): `checkpoint.resume=never` starts over on purpose.
 
+Durability: every rank fsyncs the tag's files before the barrier that precedes the marker, and the marker is
+fsynced before its rename and its directory after, so a node that crashes or loses power never leaves a
+marker over files still in some machine's page cache (the fingerprints read only each file's ends).
+
 Why head+tail and not a full hash: shards are multi-GB (Adam state is ~12 bytes per parameter), and rank
 0 fingerprints every file on each save (all ranks wait) and on each resume; a full sha256 would read the
 whole checkpoint twice per save/resume, while 2 MiB per file is constant. It is still meaningful for
@@ -36,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,11 +107,49 @@ def marker_for(tag_dir: Path, **fields: Any) -> dict[str, Any]:
 
 
 def write_marker(tag_dir: Path, **fields: Any) -> Path:
-    """Atomically write `marker_for(tag_dir, **fields)` as the tag's COMPLETE.json."""
+    """Atomically and durably write `marker_for(tag_dir, **fields)` as the tag's COMPLETE.json: its bytes reach
+    the disk before the rename, and the rename before this returns (a machine that loses power keeps either
+    the old marker or the new one, never an empty file under the final name)."""
     tmp = tag_dir / (MARKER + ".tmp")
-    tmp.write_text(json.dumps(marker_for(tag_dir, **fields), indent=1))
+    with open(tmp, "w") as f:
+        f.write(json.dumps(marker_for(tag_dir, **fields), indent=1))
+        f.flush()
+        os.fsync(f.fileno())
     tmp.replace(tag_dir / MARKER)
+    fsync_dir(tag_dir)
     return tag_dir / MARKER
+
+
+def flush_files(tag_dir: Path) -> None:
+    """fsync every file of the tag. What a process writes sits in its machine's page cache until the kernel
+    writes it back: a node that crashes or loses power after the marker was written would leave a tag that
+    claims to be complete over files that never reached the disk (or a shared filesystem's server), and the
+    marker's fingerprints only read each file's first and last MiB. Every rank calls this before the barrier
+    that precedes the marker, so each machine flushes what it wrote (flushing a clean file is cheap)."""
+    for path in _files(tag_dir):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # pruned or renamed by another rank meanwhile: nothing of ours to flush
+            continue
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    fsync_dir(tag_dir)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the directory's entries (new names, renames) durable; a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on a directory: their renames are durable by other means
+        pass
+    finally:
+        os.close(fd)
 
 
 def _read_marker(tag_dir: Path) -> dict[str, Any] | None:
@@ -189,12 +232,13 @@ class CheckpointManager:
             engine.save_checkpoint(str(self.root), tag=tag, save_latest=False, client_state={
                 UNIVERSAL_CHECKPOINT_INFO: {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}})
             save_rng_state(tag_dir / f"rng_rank{self.rank:05d}.safetensors")
+            flush_files(tag_dir)
         except (OSError, RuntimeError) as e:
             # torch.save reports ENOSPC as "file write failed" without the errno: the free space tells
             if disk_full(e) or shutil.disk_usage(self.root).free < 2**20:
                 raise DiskFull(self._full_message(step, "the disk filled up while it was written")) from None
             raise
-        dist.barrier()  # every rank's shards are on disk before the marker says so
+        dist.barrier()  # every rank's shards are on disk (flushed) before the marker says so
         if self.rank == 0:
             write_marker(tag_dir, step=step, world_size=self.world, state=state)
             self._prune(tag_dir)
