@@ -63,11 +63,15 @@ def logged_by_step(run_root: Path, run_name: str, key: str) -> dict[int, float]:
     return {m.step: m.value for m in _history(run_root, run_name, key)}
 
 
+REF_SCHEDULE = {"schedule.max_steps": 8, "schedule.log_every": 3}
+
+
 @pytest.fixture(scope="module")
 def reference_run(tiny_data, tmp_path_factory):
-    """An uninterrupted 2-rank ZeRO-2 run of 8 steps: the reference for resume and preemption tests."""
+    """An uninterrupted 2-rank ZeRO-2 run of 8 steps: the reference for resume and preemption tests. Metrics
+    every 3 steps, checkpoints every 2: a checkpoint off the logging cadence holds steps not yet logged."""
     root = tmp_path_factory.mktemp("ref")
-    run_hibert(["pretrain", *tiny_train_overrides(root, "ref", tiny_data["open"], **{"schedule.max_steps": 8}),
+    run_hibert(["pretrain", *tiny_train_overrides(root, "ref", tiny_data["open"], **REF_SCHEDULE),
                 "--stage", "open-domain", "--nproc", "2"], timeout=300)
     return root / "ref"
 
@@ -103,7 +107,9 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
 
 
 def test_kill9_then_resume_is_bit_identical(tiny_data, tmp_path, reference_run):
-    args = ["pretrain", *tiny_train_overrides(tmp_path, "ref", tiny_data["open"], **{"schedule.max_steps": 8}),
+    """Weights, and the logged training metrics: the window logged at step 6 spans the restart from the step-4
+    checkpoint (steps 4-6), and its statistics for step 4 come from that checkpoint."""
+    args = ["pretrain", *tiny_train_overrides(tmp_path, "ref", tiny_data["open"], **REF_SCHEDULE),
             "--stage", "open-domain", "--nproc", "2"]
     proc = _start(args, tmp_path / "first.log")
     try:
@@ -112,21 +118,28 @@ def test_kill9_then_resume_is_bit_identical(tiny_data, tmp_path, reference_run):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
     assert not (tmp_path / "ref" / "export").exists()
+    for later in (tmp_path / "ref" / "checkpoints").glob("step_*"):  # as if killed right after step 4's save
+        if int(later.name.split("_")[1]) > 4:
+            shutil.rmtree(later)
     out = run_hibert(args, timeout=300)
-    assert "resumed from" in out.stderr
+    assert "resumed from" in out.stderr and "at step 4 " in out.stderr, out.stderr[-2000:]
     assert_same(encoder_weights(reference_run), encoder_weights(tmp_path / "ref"))
+    want = logged_by_step(reference_run.parent, "ref", "train_loss")
+    assert sorted(want) == [3, 6]
+    for m in _history(tmp_path, "ref", "train_loss"):  # a step the killed run had logged may be there twice
+        assert m.value == want[m.step], (m.step, m.value, want[m.step])
 
 
 def test_sigusr1_checkpoints_exits_for_requeue_and_resumes(tiny_data, tmp_path, reference_run):
     from hibert.runtime.dist_env import REQUEUE_EXIT_CODE
 
     args = ["pretrain", *tiny_train_overrides(tmp_path, "ref", tiny_data["open"], **{
-        "schedule.max_steps": 8, "checkpoint.every_steps": 100}), "--stage", "open-domain", "--nproc", "2"]
+        **REF_SCHEDULE, "checkpoint.every_steps": 100}), "--stage", "open-domain", "--nproc", "2"]
     proc = _start(args, tmp_path / "first.log")
     try:
         # wait until training runs (the first logged step), then preempt
         t0 = time.time()
-        while "step 2/" not in (tmp_path / "first.log").read_text(errors="replace"):
+        while "step 3/" not in (tmp_path / "first.log").read_text(errors="replace"):
             assert proc.poll() is None and time.time() - t0 < 240, (tmp_path / "first.log").read_text()[-3000:]
             time.sleep(0.2)
         proc.send_signal(signal.SIGUSR1)
@@ -138,9 +151,12 @@ def test_sigusr1_checkpoints_exits_for_requeue_and_resumes(tiny_data, tmp_path, 
     assert code == REQUEUE_EXIT_CODE, log[-3000:]
     assert "preempted by SIGUSR1" in log
     tags = sorted((tmp_path / "ref" / "checkpoints").glob("step_*/COMPLETE.json"))
-    assert len(tags) == 1 and 2 <= int(tags[0].parent.name.split("_")[1]) < 8
+    assert len(tags) == 1 and 3 <= int(tags[0].parent.name.split("_")[1]) < 8
     run_hibert(args, timeout=300)
     assert_same(encoder_weights(reference_run), encoder_weights(tmp_path / "ref"))
+    want = logged_by_step(reference_run.parent, "ref", "train_loss")
+    for m in _history(tmp_path, "ref", "train_loss"):  # the preemption's off-cadence step included
+        assert m.value == want[m.step], (m.step, m.value, want[m.step])
 
 
 def test_corrupt_newest_checkpoint_is_skipped(tiny_data, tmp_path):

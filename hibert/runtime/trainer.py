@@ -49,6 +49,37 @@ class TrainResult:
 
 
 
+def _gather_window(stats: dict[str, torch.Tensor]) -> list[dict[str, list]] | None:
+    """Collective. Every rank's training statistics since the last logged step, as [value, dtype] per key, rank
+    by rank: what a checkpoint keeps so that a resumed run logs the same window an uninterrupted one would
+    (None when nothing is pending, i.e. the step was a logged one)."""
+    mine = {k: [float(v), str(v.dtype).removeprefix("torch.")] for k, v in stats.items()}
+    every = [mine]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+    return every if any(every) else None
+
+
+def _restore_window(saved: list[dict[str, list]] | None, rank: int, world: int,
+                    device: torch.device) -> dict[str, torch.Tensor]:
+    """This rank's pending statistics from `_gather_window`'s record: its own when the world size is the one
+    they were saved with (the sums then go on bit for bit), else all of them on rank 0 (the logged totals
+    are the same up to rounding)."""
+    if not saved:
+        return {}
+    if len(saved) == world:
+        mine = saved[rank]
+    elif rank == 0:
+        mine = {}
+        for part in saved:
+            for k, (v, dtype) in part.items():
+                mine[k] = [mine.get(k, [0.0])[0] + v, dtype]
+    else:
+        return {}
+    return {k: torch.tensor(v, dtype=getattr(torch, dtype), device=device) for k, (v, dtype) in mine.items()}
+
+
 def _all_sum(values: dict[str, float], device: torch.device) -> dict[str, float]:
     keys = sorted(values)
     t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
@@ -63,8 +94,11 @@ class Checkpointer:
     def __init__(self, manager: CheckpointManager, every: int):
         self.manager, self.every, self.last_saved = manager, every, -1
 
+    def due(self, step: int) -> bool:
+        return bool(self.every) and step % self.every == 0 and self.last_saved != step
+
     def maybe_save(self, engine, step: int, state: dict[str, Any]) -> None:
-        if self.every and step % self.every == 0:
+        if self.due(step):
             self.save(engine, step, state)
 
     def save(self, engine, step: int, state: dict[str, Any], force: bool = False) -> None:
@@ -275,7 +309,10 @@ class Trainer:
         self.state["mlflow_run_id"] = self.tracker.start(self.state["mlflow_run_id"], tags) or self.state["mlflow_run_id"]
         window = Window(default_peak_tflops(rt.device, cfg.tracking.peak_tflops), rt.world_size)
         # a run preempted at the step that stopped it early resumes stopped: it publishes, it does not train
-        status, it, train_stats = "early_stopped" if self.state.get("early_stopped") else "finished", None, {}
+        status, it = "early_stopped" if self.state.get("early_stopped") else "finished", None
+        # the statistics of the steps since the last logged one, as the checkpoint kept them (a save off the
+        # log_every cadence): the first window logged after a resume covers the same steps as without one
+        train_stats = _restore_window(self.state.get("train_window"), rt.rank, rt.world_size, rt.device)
         plan = first_plan
         try:
             while self.state["epoch"] < s.epochs and status == "finished" and not self._horizon_reached():
@@ -296,7 +333,9 @@ class Trainer:
                     if self.validator.due(step) and self.validator.run(step):
                         status = "early_stopped"
                         self.state["early_stopped"] = True   # in every checkpoint from here: a resume does not train
-                    self.checkpointer.maybe_save(self.engine, step, self.state)
+                    if self.checkpointer.due(step):
+                        self.state["train_window"] = _gather_window(train_stats)
+                        self.checkpointer.maybe_save(self.engine, step, self.state)
                     if self.flag.agreed(rt.device):   # even at an early stop: the resume publishes (see above)
                         status = "preempted"
                     if status != "finished" or self._horizon_reached():
@@ -308,6 +347,7 @@ class Trainer:
             self._close(it)
             step = self.state["global_step"]
             if status == "preempted":
+                self.state["train_window"] = _gather_window(train_stats)
                 self.checkpointer.save(self.engine, step, self.state)
                 if rt.is_main:
                     log.warning("preempted by %s: checkpoint at step %d, exiting for requeue",
