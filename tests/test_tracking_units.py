@@ -309,3 +309,36 @@ def test_refused_operations_are_sent_again_with_sync_rejected(tmp_path, capsys):
     assert sync("--rejected") == 0 and "sent 2 operation(s)" in capsys.readouterr().out
     assert client.get_metric_history(run_id, "loss")[0].value == 2.0
     assert client.get_run(run_id).info.status == "FINISHED" and box.rejected() == 0 and len(box) == 0
+
+
+def test_a_resumed_run_logs_each_metric_once_per_step(tmp_path):
+    """A run resumed from a checkpoint older than its last logged step replays those steps: their metrics are not
+    logged again (per metric: a validation metric of a replayed step that the killed process never logged still
+    is); a new MLflow run in the same directory starts its own record."""
+    import mlflow
+
+    from conftest import seed_store
+    from hibert.config import Config
+    from hibert.runtime.tracking import Tracker
+
+    seed_store(tmp_path / "mlflow.db")
+    cfg = Config()
+    cfg.run.output_dir, cfg.tracking.uri = str(tmp_path), f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = Tracker(cfg, enabled=True, run_dir=tmp_path / "run")
+    run_id = first.start(None, {"stage": "x"})
+    for step in (3, 6):
+        first.metrics({"train_loss": step / 10}, step)
+    # killed after step 6; the checkpoint was at step 4: the resumed process logs steps 6 (again) and 9
+    again = Tracker(cfg, enabled=True, run_dir=tmp_path / "run")
+    assert again.start(run_id, {"stage": "x"}) == run_id
+    again.metrics({"train_loss": 0.6, "valid_loss": 1.5}, 6)
+    again.metrics({"train_loss": 0.9}, 9)
+    c = mlflow.MlflowClient(cfg.tracking.uri)
+    history = lambda run, key: [(m.step, m.value) for m in sorted(c.get_metric_history(run, key),  # noqa: E731
+                                                                  key=lambda m: m.step)]
+    assert history(run_id, "train_loss") == [(3, 0.3), (6, 0.6), (9, 0.9)]
+    assert history(run_id, "valid_loss") == [(6, 1.5)]
+    fresh = Tracker(cfg, enabled=True, run_dir=tmp_path / "run")
+    other = fresh.start(None, {"stage": "x"})
+    fresh.metrics({"train_loss": 0.1}, 3)
+    assert other != run_id and history(other, "train_loss") == [(3, 0.1)]

@@ -22,6 +22,8 @@ from hibert.redact import redact_config_dict, redact_uri
 from hibert.registry import client, experiment_id, reachable, register_artifact_dir, tracking_uri
 from hibert.runtime.outbox import Outbox, drain, refused, transient
 
+LOGGED_STEPS = Path("tracking") / "logged_steps.json"  # under the run directory, beside the outbox
+
 log = logging.getLogger(__name__)
 
 
@@ -60,6 +62,10 @@ class Tracker:
         self.outbox = Outbox(run_dir if run_dir is not None else cfg.run_dir)
         self.offline_since: float | None = None   # when the server stopped answering (None: it answers)
         self.last_probe = 0.0
+        # per metric, the last step this run logged (sent or queued): a run resumed from a checkpoint older than
+        # its last logged step replays those steps bit for bit and must not log them a second time
+        self.logged_path = self.outbox.run_dir / LOGGED_STEPS
+        self._logged: dict[str, int] | None = None
 
     # ------------------------------------------------------------ the run
     def start(self, run_id: str | None, tags: dict[str, str]) -> str | None:
@@ -115,8 +121,32 @@ class Tracker:
         return run_id
 
     def metrics(self, values: dict[str, float], step: int) -> None:
-        self._call({"op": "metrics", "values": {k: float(v) for k, v in values.items()}, "step": int(step),
-                    "timestamp": int(time.time() * 1000)})
+        """Log `values` at `step`, each metric at most once per step: after a kill -9 the resumed run trains again
+        from its checkpoint through steps whose metrics the killed process had logged already (the same values,
+        the resume being exact), and those are left out instead of doubling the run's history."""
+        if not self.enabled or self.run_id is None:
+            return
+        logged = self._logged_steps()
+        fresh = {k: float(v) for k, v in values.items() if int(step) > logged.get(k, -1)}
+        if not fresh:
+            return
+        self._call({"op": "metrics", "values": fresh, "step": int(step), "timestamp": int(time.time() * 1000)})
+        logged.update({k: int(step) for k in fresh})
+        tmp = self.logged_path.with_suffix(".tmp")
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"run_id": self.run_id, "steps": logged}))
+        tmp.replace(self.logged_path)
+
+    def _logged_steps(self) -> dict[str, int]:
+        """The record for this MLflow run (another run's, e.g. the run directory started over, does not count)."""
+        if self._logged is None:
+            try:
+                saved = json.loads(self.logged_path.read_text())
+                self._logged = ({k: int(v) for k, v in saved["steps"].items()}
+                                if saved.get("run_id") == self.run_id else {})
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                self._logged = {}
+        return self._logged
 
     def artifacts(self, local_dir: Path, artifact_path: str) -> None:
         self._call({"op": "artifacts", "dir": str(Path(local_dir).resolve()), "path": artifact_path})
