@@ -286,9 +286,8 @@ def test_a_checkpoint_reaches_the_disk_before_its_marker_names_it(tmp_path, monk
     monkeypatch.setattr(ck.os, "fsync", fsync)
     monkeypatch.setattr(Path, "replace", replace)
     monkeypatch.setattr(ck.CheckpointManager, "_check_space", lambda self, engine, step: None)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    # a file store: no port, and nothing left in this process's environment for the runs other tests start
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path / 'pg'}")
     try:
         tag = ck.CheckpointManager(tmp_path, keep_last=2, rank=0, world_size=1).save(Engine(), 7, {"global_step": 7})
     finally:
