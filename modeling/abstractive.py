@@ -613,6 +613,12 @@ class KVCache:
             self.docs = n
         if rows.shape[0] != self.docs * self.beams:
             raise ValueError(f"{rows.shape[0]} hypotheses after reorder, expected {self.docs} x {self.beams}")
+        if not rows.is_cuda:  # a mask is relative to its document; on CUDA this check would sync the host each step
+            doc = torch.arange(self.docs, device=rows.device).repeat_interleave(self.beams)
+            if keep_docs is not None:
+                doc = keep_docs.to(rows.device)[doc]
+            if not bool((rows // self.beams == doc).all()):
+                raise ValueError("reorder: a hypothesis can only continue a hypothesis of its own document")
         if self.mask is not None:
             self.mask = self.mask.index_select(0, rows)
         self.rows = rows.shape[0]

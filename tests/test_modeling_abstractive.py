@@ -184,6 +184,10 @@ def test_kv_cache_follows_many_reorders_without_moving_entries():
                 keep = keep[kept]
             else:
                 state.reorder(rows)
+        crossing = torch.arange(6)
+        crossing[3] = 0  # document 1's hypothesis continuing one of document 0's: its mask would be meaningless
+        with pytest.raises(ValueError, match="its own document"):
+            state.reorder(crossing)
 
 
 # ---------------------------------------------------------------------------------------------- PHT / VHT

@@ -338,7 +338,45 @@ def test_a_resumed_run_logs_each_metric_once_per_step(tmp_path):
                                                                   key=lambda m: m.step)]
     assert history(run_id, "train_loss") == [(3, 0.3), (6, 0.6), (9, 0.9)]
     assert history(run_id, "valid_loss") == [(6, 1.5)]
+    # a rollback to the step-3 checkpoint (or a changed config): what follows step 3 is a new timeline, logged
+    rollback = Tracker(cfg, enabled=True, run_dir=tmp_path / "run")
+    rollback.new_timeline_after(3)
+    rollback.start(run_id, {"stage": "x"})
+    rollback.metrics({"train_loss": 0.55}, 6)
+    assert history(run_id, "train_loss") == [(3, 0.3), (6, 0.6), (6, 0.55), (9, 0.9)]
     fresh = Tracker(cfg, enabled=True, run_dir=tmp_path / "run")
     other = fresh.start(None, {"stage": "x"})
     fresh.metrics({"train_loss": 0.1}, 3)
     assert other != run_id and history(other, "train_loss") == [(3, 0.1)]
+
+
+def test_a_record_that_cannot_be_written_does_not_stop_the_run(tmp_path, monkeypatch, caplog):
+    """A full disk under the run directory: the metric is still logged, one warning says a resume may log some
+    steps twice, and rank 0 does not stop alone (the other ranks would wait for it in a collective)."""
+    import errno
+    import logging
+
+    import mlflow
+
+    from conftest import seed_store
+    from hibert.config import Config
+    from hibert.runtime.tracking import Tracker
+
+    seed_store(tmp_path / "mlflow.db")
+    cfg = Config()
+    cfg.run.output_dir, cfg.tracking.uri = str(tmp_path), f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(cfg, enabled=True, run_dir=tmp_path / "run")
+    run_id = tracker.start(None, {"stage": "x"})
+    real_replace = Path.replace
+
+    def full(self, target):
+        if Path(target).name == "logged_steps.json":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_replace(self, target)
+
+    monkeypatch.setattr(Path, "replace", full)
+    with caplog.at_level(logging.WARNING):
+        tracker.metrics({"train_loss": 1.0}, 1)
+        tracker.metrics({"train_loss": 0.9}, 2)
+    assert [m.step for m in mlflow.MlflowClient(cfg.tracking.uri).get_metric_history(run_id, "train_loss")] == [1, 2]
+    assert sum("cannot record the logged steps" in r.getMessage() for r in caplog.records) == 1

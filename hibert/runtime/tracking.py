@@ -66,6 +66,8 @@ class Tracker:
         # its last logged step replays those steps bit for bit and must not log them a second time
         self.logged_path = self.outbox.run_dir / LOGGED_STEPS
         self._logged: dict[str, int] | None = None
+        self._replays_from: int | None = None  # set by `new_timeline_after`
+        self._record_warned = False
 
     # ------------------------------------------------------------ the run
     def start(self, run_id: str | None, tags: dict[str, str]) -> str | None:
@@ -133,9 +135,22 @@ class Tracker:
         self._call({"op": "metrics", "values": fresh, "step": int(step), "timestamp": int(time.time() * 1000)})
         logged.update({k: int(step) for k in fresh})
         tmp = self.logged_path.with_suffix(".tmp")
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"run_id": self.run_id, "steps": logged}))
-        tmp.replace(self.logged_path)
+        try:
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps({"run_id": self.run_id, "steps": logged}))
+            tmp.replace(self.logged_path)
+        except OSError as e:  # a full disk: rank 0 alone must not stop here (the others would wait in a collective)
+            if not self._record_warned:
+                log.warning("cannot record the logged steps in %s (%s): a resume after a kill may log some steps "
+                            "twice", self.logged_path, e)
+                self._record_warned = True
+
+    def new_timeline_after(self, step: int) -> None:
+        """The run goes on from `step` on another timeline than the one it logged (a rollback to an older
+        checkpoint, or a changed config): what it logs after `step` is new, not a replay, and is logged."""
+        self._replays_from = int(step)
+        if self._logged is not None:
+            self._logged = {k: min(v, self._replays_from) for k, v in self._logged.items()}
 
     def _logged_steps(self) -> dict[str, int]:
         """The record for this MLflow run (another run's, e.g. the run directory started over, does not count)."""
@@ -146,6 +161,8 @@ class Tracker:
                                 if saved.get("run_id") == self.run_id else {})
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 self._logged = {}
+            if self._replays_from is not None:
+                self._logged = {k: min(v, self._replays_from) for k, v in self._logged.items()}
         return self._logged
 
     def artifacts(self, local_dir: Path, artifact_path: str) -> None:

@@ -95,11 +95,8 @@ class Checkpointer:
         self.manager, self.every, self.last_saved = manager, every, -1
 
     def due(self, step: int) -> bool:
+        """A scheduled save at this step (the caller completes the state first, then calls `save`)."""
         return bool(self.every) and step % self.every == 0 and self.last_saved != step
-
-    def maybe_save(self, engine, step: int, state: dict[str, Any]) -> None:
-        if self.due(step):
-            self.save(engine, step, state)
 
     def save(self, engine, step: int, state: dict[str, Any], force: bool = False) -> None:
         """`force`: save even if this step's tag was written (or resumed from): then its weights are these, and
@@ -190,6 +187,10 @@ class Trainer:
                         r.state.get("config_hash"), self.state["config_hash"])
         keep = ("config_hash", "world_size", "micro_per_step")
         self.state.update({k: v for k, v in r.state.items() if k not in keep})
+        if mode != "auto" or r.state.get("config_hash") != self.state["config_hash"]:
+            # a chosen (older) tag or another config: the steps after it are a new timeline, not a replay of
+            # what was logged, and are logged again
+            self.tracker.new_timeline_after(r.state["global_step"])
         new_micro = self.rt.world_size * s.grad_accum
         if old_micro != new_micro:  # keep the position in the data stream, counted in micro-batches
             self.state["step_in_epoch"] = r.state["step_in_epoch"] * old_micro // new_micro
@@ -335,7 +336,7 @@ class Trainer:
                         self.state["early_stopped"] = True   # in every checkpoint from here: a resume does not train
                     if self.checkpointer.due(step):
                         self.state["train_window"] = _gather_window(train_stats)
-                        self.checkpointer.maybe_save(self.engine, step, self.state)
+                        self.checkpointer.save(self.engine, step, self.state)
                     if self.flag.agreed(rt.device):   # even at an early stop: the resume publishes (see above)
                         status = "preempted"
                     if status != "finished" or self._horizon_reached():
@@ -361,6 +362,7 @@ class Trainer:
             else:
                 metrics = self.validator.final(step)
                 self.state["finished"], self.state["final_metrics"] = True, metrics
+                self.state["train_window"] = _gather_window(train_stats)  # not an earlier save's (already logged)
                 self.checkpointer.save(self.engine, step, self.state, force=True)  # marks the run finished
             export_dir, version = publish(self, step, metrics)
             self.tracker.end()
