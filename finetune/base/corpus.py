@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hibert.durable import write_atomic
 from hibert.errors import UserError
 from hibert.finetune.base.text import InputError, Summary, check_length, is_json_lines
 
@@ -257,25 +258,6 @@ def settings_path(output: Path) -> Path:
 
 
 _PART = re.compile(r"\.part-(\d{5})-of-(\d{5})$")
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """`text` into `path` so that a crash leaves the old file or the new one, never a cut one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp")   # array tasks race
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_json(path: Path, keys: tuple[str, ...]) -> dict[str, Any] | None:

@@ -49,6 +49,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hibert.durable import fsync_dir, write_atomic
 from hibert.errors import DiskFull, disk_full
 from hibert.runtime.rng_state import load_rng_state, save_rng_state
 
@@ -110,13 +111,8 @@ def write_marker(tag_dir: Path, **fields: Any) -> Path:
     """Atomically and durably write `marker_for(tag_dir, **fields)` as the tag's COMPLETE.json: its bytes reach
     the disk before the rename, and the rename before this returns (a machine that loses power keeps either
     the old marker or the new one, never an empty file under the final name)."""
-    tmp = tag_dir / (MARKER + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(marker_for(tag_dir, **fields), indent=1))
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(tag_dir / MARKER)
-    fsync_dir(tag_dir)
+    # a fixed temporary name: `_files` leaves it out, so one a crash left behind never fails `verify`
+    write_atomic(tag_dir / MARKER, json.dumps(marker_for(tag_dir, **fields), indent=1), tmp=tag_dir / (MARKER + ".tmp"))
     return tag_dir / MARKER
 
 
@@ -136,20 +132,6 @@ def flush_files(tag_dir: Path) -> None:
         finally:
             os.close(fd)
     fsync_dir(tag_dir)
-
-
-def fsync_dir(path: Path) -> None:
-    """Make the directory's entries (new names, renames) durable; a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some filesystems refuse fsync on a directory: their renames are durable by other means
-        pass
-    finally:
-        os.close(fd)
 
 
 def _read_marker(tag_dir: Path) -> dict[str, Any] | None:
