@@ -15,7 +15,9 @@ interleaved round by round, so that a machine whose load changes slows every con
   * cross-attention: PHT (and VHT) against flat, same batch.
   * profile (--profile, CPU): where the time of one document goes at batch 1 and at --batch, ms per
     document by kind of operator (torch.profiler, self time), the encoder pass counted apart: which costs
-    batching shares across documents and which it cannot.
+    batching shares across documents and which it cannot. CUDA: per cross-attention variant, a step's wall
+    time against the GPU's busy time (kernels), kernels launched and host syncs per step, and the operators
+    that keep the GPU busy: whether decoding is bound by the host (Python, dispatch, launches) or the device.
   * the anchors: the same model and documents decoded with PreSumm's / hiersumm's search strategy
     (anchor_decode.py: memory tiled per beam and gathered every step, cache grown by concatenation, a
     Python trigram check per hypothesis, finished hypotheses kept in the beam), at the same batch size;
@@ -26,6 +28,8 @@ round); the tables give the sums over all rounds.
     python benchmarks/bench_generate.py                          # 2 CPU threads, H=256: the CPU targets
     python benchmarks/bench_generate.py --device cuda --dtype bf16 --size hibert_m --batch 64
     python benchmarks/bench_generate.py --profile --skip throughput,cache,memory   # what batching shares
+    python benchmarks/bench_generate.py --device cuda --dtype bf16 --size hibert_m --batch 64 --profile \
+        --skip throughput,cache,memory --cross flat,pht --out benchmarks/results/bench_generate_cuda_profile.json
     python benchmarks/bench_generate.py --no-repeat-ngram 0 --cross flat --skip cache,memory \
         --out benchmarks/results/bench_generate_cpu_noblock.json     # the anchors' gap without blocking
 """
@@ -310,6 +314,50 @@ def op_profile(args, ws) -> dict:
     return out
 
 
+_SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+
+
+def cuda_profile(args, ws) -> dict:
+    """Per cross-attention variant, one decode at batch 1 and one at --batch (the first of the documents / all
+    of them): ms per step of wall time (profiler off) and of GPU busy time (the sum of kernel and device copy
+    times: one stream, so they do not overlap), kernels and host syncs per step, and the operators with the most
+    GPU time (ms per step). Wall well above busy time means the host (Python, dispatch, launches) sets the pace:
+    a larger batch then costs almost nothing per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    docs = make_docs(args.batch, args.source_tokens, args.vocab, args.seed)
+    gen = gen_config(args, args.beam)
+    steps = gen.max_length + 1
+    out: dict = {}
+    for cross in args.cross:
+        model = build(args, cross)
+        for name, group in (("batch1", docs[:1]), (f"batch{args.batch}", docs)):
+            batch = pack_documents(group).to(args.device)
+            with torch.no_grad(), autocast(args):
+                generate(model, batch, gen, word_start=ws)  # warm-up (kernel selection, allocator)
+                sync(args.device)
+                start = time.perf_counter()
+                generate(model, batch, gen, word_start=ws)
+                sync(args.device)
+                wall = time.perf_counter() - start
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    generate(model, batch, gen, word_start=ws)
+                    sync(args.device)
+            events = prof.key_averages()
+            device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+            ops = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CPU
+                          and e.key.startswith("aten::") and e.self_device_time_total > 0),
+                         key=lambda e: -e.self_device_time_total)
+            busy = sum(e.self_device_time_total for e in device) / 1000
+            out[f"{cross}_{name}"] = {
+                "wall_ms_per_step": wall * 1000 / steps, "gpu_busy_ms_per_step": busy / steps,
+                "kernels_per_step": sum(e.count for e in device) / steps,
+                "host_syncs_per_step": sum(e.count for e in events if e.key in _SYNCS) / steps,
+                "top_ops_gpu_ms_per_step": {e.key: e.self_device_time_total / 1000 / steps for e in ops[:8]}}
+            log(f"profiled {cross} {name}: {wall * 1000 / steps:.2f} ms per step, GPU busy {busy / steps:.2f}")
+    return out
+
+
 # ------------------------------------------------------------------------------------------ memory
 def _status_kib(field: str) -> int:
     return int(re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1))
@@ -461,7 +509,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--cross", default="flat,pht,vht", help="cross-attention variants timed at --batch")
     p.add_argument("--skip", default="", help="comma list of throughput,cache,memory to leave out")
     p.add_argument("--profile", action="store_true",
-                   help="also profile one decode at batch 1 and at --batch: ms per document by kind of operator")
+                   help="also profile one decode at batch 1 and at --batch: ms per document by kind of operator "
+                        "(CPU); host against GPU time per step (CUDA)")
     p.add_argument("--threads", type=int, default=2, help="CPU threads for torch")
     p.add_argument("--default-malloc", action="store_true",
                    help="keep glibc's malloc defaults (summarize keeps freed memory for reuse on the CPU)")
@@ -474,8 +523,6 @@ def parse() -> argparse.Namespace:
         args.cross.insert(0, "flat")
     if args.dtype == "bf16" and args.device != "cuda":
         p.error("--dtype bf16 is for --device cuda")
-    if args.profile and args.device != "cpu":
-        p.error("--profile times CPU operators: use it with --device cpu (on CUDA, torch.profiler or nsys)")
     return args
 
 
@@ -542,7 +589,9 @@ def main() -> None:
         ours = res["memory"][f"{'cuda' if args.device == 'cuda' else 'rss'}_beam{args.beam}"]
         ratios["anchor_memory_ratio"] = ratio_line(res["memory"][f"anchor_beam{args.beam}"]["peak_mib"]
                                                    / ours["peak_mib"], None)
-    if args.profile:
+    if args.profile and args.device == "cuda":
+        res["cuda_profile"] = cuda_profile(args, ws)
+    elif args.profile:
         res["profile"] = op_profile(args, ws)
         b = f"batch{args.batch}"
         ratios["profile_wall_ratio"] = ratio_line(res["profile"]["batch1"]["wall (profiler off)"]
@@ -555,6 +604,15 @@ def main() -> None:
           f", {torch.get_num_threads()} threads; beam {args.beam}, {args.source_tokens} source tokens, "
           f"{args.target_tokens} summary tokens per document")
     for group, rows in res.items():
+        if group == "cuda_profile":
+            print(f"{'profile (per decoding step)':44} {'wall ms':>8} {'GPU ms':>7} {'kernels':>8} {'syncs':>6}  "
+                  f"top operators by GPU time (ms)")
+            for name, r in rows.items():
+                top = list(r["top_ops_gpu_ms_per_step"].items())[:3]
+                top = ", ".join(f"{k.removeprefix('aten::')} {v:.2f}" for k, v in top)
+                print(f"  {name:42} {r['wall_ms_per_step']:8.2f} {r['gpu_busy_ms_per_step']:7.2f} "
+                      f"{r['kernels_per_step']:8.0f} {r['host_syncs_per_step']:6.2f}  {top}")
+            continue
         if group == "profile":
             b = f"batch{args.batch}"
             print(f"{'profile (ms per document, self time)':44} {'batch 1':>9} {'batch ' + str(args.batch):>9} "
