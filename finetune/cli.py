@@ -246,8 +246,8 @@ def add_summarize_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--id-field", default=None, help="record field holding the document id (default: 'id' if "
                    "present, else FILE:LINE)")
     c.add_argument("--split", default=None, help="datasets input: the split of a saved DatasetDict (default test)")
-    c.add_argument("--window", type=positive_int, default=64, help="records read, decoded (batched by length) and "
-                   "written together")
+    c.add_argument("--window", type=positive_int, default=None, help="records read, decoded (batched by length) "
+                   "and written together (default: 64, or --batch-size if larger)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_generation_arguments(p)
 

@@ -37,6 +37,7 @@ from hibert.finetune.base.corpus import (
 from hibert.finetune.base.settings import SummarizeSettings, default_device, model_ref
 
 CHILD_ENV = "HIBERT_SUMMARIZE_CHILD"   # set in the processes --nproc starts: no bar of their own, no merge
+DEFAULT_WINDOW = 64                    # records per window when neither --window nor a larger --batch-size says
 
 
 def _fail(message: str, code: int = 2) -> int:
@@ -127,7 +128,9 @@ def _run(cfg: Config, args: argparse.Namespace, settings: SummarizeSettings, out
 
         bar = tqdm(total=total, unit="doc", desc=f"summarize {source.name}", file=sys.stderr, dynamic_ncols=True)
     try:
-        result = summarize_shard(summarizer.summarize_all, source, output, shard, args.window,
+        # a window holds at least one decoding batch (--batch-size 256 on a GPU is read 256 records at a time)
+        window = args.window or max(DEFAULT_WINDOW, generation.batch_size if generation is not None else 0)
+        result = summarize_shard(summarizer.summarize_all, source, output, shard, window,
                                  on_window=bar.update if bar else None, fingerprint=fingerprint)
     finally:
         if bar is not None:

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from hibert.finetune.base.decoding import split_sentences
+from hibert.finetune.base.decoding import decode_batches, split_sentences
 from hibert.finetune.abstractive.data import target_ids
 from hibert.finetune.abstractive.metrics import abstractiveness, novel_ngram_rate, repetition_rate
 from hibert.tokens import SEP_ID
@@ -45,6 +45,22 @@ def test_target_joins_summary_sentences_with_sep_and_cuts():
     assert target_ids(summary, 100).tolist() == [7, 8, SEP_ID, 9, SEP_ID, 10, 11]
     assert target_ids(summary, 4).tolist() == [7, 8, SEP_ID, 9]
     assert split_sentences([7, 8, SEP_ID, 9, SEP_ID, SEP_ID, 10]) == [[7, 8], [9], [10]]
+
+
+def test_decode_batches_hold_the_batch_size_asked_for_within_a_token_budget():
+    """--batch-size N decodes N documents together (a GPU needs hundreds: it was capped at 16), similar lengths
+    together, each document once; long documents split a batch by the token budget (at least 32,768 tokens,
+    2,048 per document asked for)."""
+    rng = np.random.default_rng(0)
+    short = rng.integers(50, 900, 300)
+    for size in (1, 16, 40, 256):
+        batches = decode_batches(short, size)
+        assert sorted(np.concatenate(batches).tolist()) == list(range(300))
+        assert max(len(b) for b in batches) == size and len(batches) == -(-300 // size)
+        assert [int(b[0]) for b in batches] == sorted(int(b[0]) for b in batches)
+    long = np.full(100, 3000)
+    assert sorted(len(b) for b in decode_batches(long, 16)) == [10] * 10       # 32,768 // 3,000
+    assert sorted(len(b) for b in decode_batches(long, 64)) == [14, 43, 43]    # 64 x 2,048 // 3,000
 
 
 # ---------------------------------------------------------------- decoding flags, before any model loads

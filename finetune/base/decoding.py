@@ -33,11 +33,26 @@ def word_start_mask(sp) -> np.ndarray:
                      for i in range(n)], dtype=bool)
 
 
+# A batch's token budget guards memory when documents are long; it grows with the batch asked for, so that
+# `batch_size` documents of up to TOKENS_PER_DOC packed tokens each decode together (a GPU needs large batches:
+# docs/abstractive.md, "On a GPU").
+MIN_BATCH_TOKENS, TOKENS_PER_DOC = 32768, 2048
+
+
+def decode_batches(costs: np.ndarray, batch_size: int) -> list[np.ndarray]:
+    """Indices of the documents decoded together, similar lengths in a batch (less padding in the encoder's
+    grids), at most `batch_size` documents and max(MIN_BATCH_TOKENS, `batch_size` x TOKENS_PER_DOC) tokens
+    (`costs`: each document's packed tokens) per batch, in the order of their first document."""
+    budget = max(MIN_BATCH_TOKENS, batch_size * TOKENS_PER_DOC)
+    plan = plan_epoch(costs, seed=0, epoch=0, batch_tokens=budget, max_docs=batch_size, world=1, accum=1)
+    return sorted(plan.batches, key=lambda b: int(b[0]))
+
+
 class Decoder:
     """Summaries of encoded documents with a (plain, single-process) `HibertAbstractive`, or of clusters
     (lists of unit documents, in rank order) with a `HibertMDS` (`clusters=True`)."""
     def __init__(self, model: torch.nn.Module, tokenizer_path: Path, generation, device: torch.device | str,
-                 batch_tokens: int = 32768, max_docs: int = 16, clusters: bool = False):
+                 clusters: bool = False):
 
         self.model, self.generation, self.device = model, generation, torch.device(device)
         if self.device.type == "cpu":
@@ -45,7 +60,6 @@ class Decoder:
         self.clusters = clusters
         self.sp = tok.load(tokenizer_path)
         self.word_start = torch.from_numpy(word_start_mask(self.sp)).to(self.device)
-        self.batch_tokens, self.max_docs = batch_tokens, max_docs
 
     def _autocast(self):
         if self.device.type == "cuda" and torch.cuda.is_bf16_supported():
@@ -61,10 +75,8 @@ class Decoder:
             return []
         sents = [[s for u in d for s in u] for d in docs] if self.clusters else docs
         costs = doc_costs(np.array([sum(len(s) for s in d) for d in sents]), np.array([len(d) for d in sents]))
-        plan = plan_epoch(costs, seed=0, epoch=0, batch_tokens=self.batch_tokens, max_docs=min(self.max_docs,
-                          gen.batch_size), world=1, accum=1)
         out: list[Decoded | None] = [None] * len(docs)
-        for idx in sorted(plan.batches, key=lambda b: int(b[0])):
+        for idx in decode_batches(costs, gen.batch_size):
             rows = idx.tolist()
             if self.clusters:
                 batch = pack_clusters([docs[i] for i in rows],
