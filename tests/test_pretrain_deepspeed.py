@@ -108,7 +108,8 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
 
 def test_kill9_then_resume_is_bit_identical(tiny_data, tmp_path, reference_run):
     """Weights, and the logged training metrics: the window logged at step 6 spans the restart from the step-4
-    checkpoint (steps 4-6), and its statistics for step 4 come from that checkpoint."""
+    checkpoint (steps 4-6), and its statistics for step 4 come from that checkpoint; the run ends off the
+    log_every cadence, so steps 7-8 are logged at step 8."""
     args = ["pretrain", *tiny_train_overrides(tmp_path, "ref", tiny_data["open"], **REF_SCHEDULE),
             "--stage", "open-domain", "--nproc", "2"]
     proc = _start(args, tmp_path / "first.log")
@@ -125,7 +126,7 @@ def test_kill9_then_resume_is_bit_identical(tiny_data, tmp_path, reference_run):
     assert "resumed from" in out.stderr and "at step 4 " in out.stderr, out.stderr[-2000:]
     assert_same(encoder_weights(reference_run), encoder_weights(tmp_path / "ref"))
     want = logged_by_step(reference_run.parent, "ref", "train_loss")
-    assert sorted(want) == [3, 6]
+    assert sorted(want) == [3, 6, 8]
     got = [(m.step, m.value) for m in _history(tmp_path, "ref", "train_loss")]
     assert got == sorted(want.items()), got  # once per step: steps the killed run had logged are not logged again
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hibert.config import Config, config_to_dict
+from hibert.durable import write_atomic
 from hibert.errors import UserError, disk_full
 from hibert.redact import redact_config_dict, redact_uri
 from hibert.registry import client, experiment_id, reachable, register_artifact_dir, tracking_uri
@@ -134,11 +135,10 @@ class Tracker:
             return
         self._call({"op": "metrics", "values": fresh, "step": int(step), "timestamp": int(time.time() * 1000)})
         logged.update({k: int(step) for k in fresh})
-        tmp = self.logged_path.with_suffix(".tmp")
-        try:
-            tmp.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps({"run_id": self.run_id, "steps": logged}))
-            tmp.replace(self.logged_path)
+        try:  # durable (a power loss must not roll the record back behind what the server holds)
+            self.logged_path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.logged_path, json.dumps({"run_id": self.run_id, "steps": logged}),
+                         tmp=self.logged_path.with_suffix(".tmp"))
         except OSError as e:  # a full disk: rank 0 alone must not stop here (the others would wait in a collective)
             if not self._record_warned:
                 log.warning("cannot record the logged steps in %s (%s): a resume after a kill may log some steps "

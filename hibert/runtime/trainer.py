@@ -266,9 +266,11 @@ class Trainer:
         window.steps += 1
         return stats
 
-    def _log_window(self, step: int, window: Window, stats: dict[str, Any], epoch: int) -> None:
+    def _log_window(self, step: int, window: Window, stats: dict[str, Any], epoch: int,
+                    summed: bool = False) -> None:
+        """Collective. `summed`: `stats` are already the totals over all ranks."""
         m = window.flush()
-        totals = _all_sum({k: float(v) for k, v in stats.items()}, self.rt.device)
+        totals = stats if summed else _all_sum({k: float(v) for k, v in stats.items()}, self.rt.device)
         m.update(self.task.summarize(totals, "train_"))
         lrs = self.engine.get_lr()
         m["lr"] = lrs[0]
@@ -282,6 +284,19 @@ class Trainer:
         self.tracker.metrics(m, step)
         self.last_metrics = m
         self.step_log.step(step, m)
+
+    def _log_last_window(self, step: int, window: Window, stats: dict[str, torch.Tensor], epoch: int) -> None:
+        """Collective. Log the statistics not yet logged when the run ends off the log_every cadence. Ranks can
+        hold different keys (a resume on another world size restores the saved window on rank 0 alone), so
+        every rank gathers them all and sums them itself."""
+        pending = _gather_window(stats)
+        if not pending:
+            return
+        totals: dict[str, float] = {}
+        for part in pending:
+            for k, (v, _) in part.items():
+                totals[k] = totals.get(k, 0.0) + v
+        self._log_window(step, window, totals, epoch, summed=True)
 
     # ---------------------------------------------------------------- main loop
     def fit(self) -> TrainResult:
@@ -314,7 +329,7 @@ class Trainer:
         # the statistics of the steps since the last logged one, as the checkpoint kept them (a save off the
         # log_every cadence): the first window logged after a resume covers the same steps as without one
         train_stats = _restore_window(self.state.get("train_window"), rt.rank, rt.world_size, rt.device)
-        plan = first_plan
+        plan, epoch = first_plan, self.state["epoch"]
         try:
             while self.state["epoch"] < s.epochs and status == "finished" and not self._horizon_reached():
                 epoch = self.state["epoch"]
@@ -360,9 +375,11 @@ class Trainer:
                 # saving the final checkpoint again would re-count it among the best and rewrite a complete tag
                 metrics = self.state["final_metrics"]
             else:
+                # the steps since the last logged one (max_steps or an early stop off the log_every cadence)
+                self._log_last_window(step, window, train_stats, epoch)
                 metrics = self.validator.final(step)
                 self.state["finished"], self.state["final_metrics"] = True, metrics
-                self.state["train_window"] = _gather_window(train_stats)  # not an earlier save's (already logged)
+                self.state["train_window"] = None  # logged above, not an earlier save's
                 self.checkpointer.save(self.engine, step, self.state, force=True)  # marks the run finished
             export_dir, version = publish(self, step, metrics)
             self.tracker.end()
