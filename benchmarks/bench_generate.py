@@ -319,10 +319,11 @@ _SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchroniz
 
 def cuda_profile(args, ws) -> dict:
     """Per cross-attention variant, one decode at batch 1 and one at --batch (the first of the documents / all
-    of them): ms per step of wall time (profiler off) and of GPU busy time (the sum of kernel and device copy
-    times: one stream, so they do not overlap), kernels and host syncs per step, and the operators with the most
-    GPU time (ms per step). Wall well above busy time means the host (Python, dispatch, launches) sets the pace:
-    a larger batch then costs almost nothing per step."""
+    of them): ms per step of wall time (profiler off, one decode) and of GPU busy time (the sum of kernel and
+    device copy/fill times: one stream, so they do not overlap), device operations (kernels, copies, fills) and
+    host syncs per step, and the operators with the most GPU time (ms per step). A "step" is the call's time over
+    max_length + 1 decoding steps, the encoder pass included. Wall well above busy time means the host (Python,
+    dispatch, launches) sets the pace: a larger batch then costs little more per step."""
     from torch.profiler import ProfilerActivity, profile
 
     docs = make_docs(args.batch, args.source_tokens, args.vocab, args.seed)

@@ -58,6 +58,10 @@ def machine() -> dict:
                 break
     except OSError:
         pass
+    try:  # the last-level cache decides how much batching shares on a CPU (docs/abstractive.md)
+        info["l3_cache"] = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
+    except OSError:
+        pass
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
         info["cuda"] = torch.version.cuda

@@ -236,6 +236,14 @@ def test_registered_version_is_a_pyfunc_model_served_by_mlflow_like_summarize(re
     assert list(zip(got["summary"], got["subwords"])) == want_default
     got = loaded.predict(pd.DataFrame({"text": articles, "id": ["a", "b", "c"]}), params=params)
     assert list(zip(got["summary"], got["subwords"])) == want_params and list(got["id"]) == ["a", "b", "c"]
+    # the server bounds a request's batch (16 by default); an operator raises the bound at load time, for
+    # `mlflow models serve` through MLflow's override of the model_config the flavor declares
+    with mlflow_store(uri, monkeypatch):
+        monkeypatch.setenv("MLFLOW_PYFUNC_INFERENCE_CONFIG", '{"max_batch_size": 64}')
+        wide = mlflow.pyfunc.load_model(model)
+        monkeypatch.delenv("MLFLOW_PYFUNC_INFERENCE_CONFIG")
+    got = wide.predict(pd.DataFrame({"text": articles}), params={**params, "batch_size": 64})
+    assert list(zip(got["summary"], got["subwords"])) == want_params
 
     with served(model, uri, tmp_path / "serve.log") as url:
         status, body = invoke(url, {"dataframe_split": {"columns": ["text"], "data": [[a] for a in articles]},
@@ -253,6 +261,8 @@ def test_registered_version_is_a_pyfunc_model_served_by_mlflow_like_summarize(re
                 ({"dataframe_records": [{"text": "Hi."}], "params": {"beam": "x"}}, "beam"),
                 ({"dataframe_records": [{"text": "Hi."}], "params": {"min_len": 9, "max_len": 3}},
                  "params.min_len 9 is above params.max_len 3"),
+                ({"dataframe_records": [{"text": "Hi."}], "params": {"batch_size": 64}},
+                 "at most 16 documents together"),
                 ({"dataframe_records": [{"text": "a b. " * (limit // 5 + 1)}]}, "above the"),
                 (b"{not json", "valid JSON")]:
             status, body = invoke(url, payload)

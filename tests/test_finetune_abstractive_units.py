@@ -87,6 +87,7 @@ def _unloadable_export(root):
     (["--no-repeat-ngram", "-1"], "--no-repeat-ngram -1: must be >= 0"),
     (["--max-word-pieces", "65"], "--max-word-pieces 65: must be <= 64"),
     (["--batch-size", "0"], "--batch-size 0: must be >= 1"),
+    (["--batch-size", "5000"], "--batch-size 5000: must be <= 1024"),
     # against the model's own settings, read from its json files (no weights)
     (["--max-len", "64"], "--max-len 64: the model's decoder has 64 target positions (decoder.max_positions in "
                           "abstractive.json), so at most --max-len 63"),
@@ -178,3 +179,18 @@ def test_the_export_records_what_its_own_weights_scored():
     assert exported_metrics({"300": one}) == one
     assert exported_metrics({"300": one, "400": {"valid_rouge": 30.0}}) == {}  # an average: never evaluated
     assert exported_metrics({"300": None}) == {}
+
+
+def test_the_served_batch_bound_comes_from_the_server_not_the_request():
+    """A served model decodes at most 16 documents together unless its operator raises the bound (its
+    model_config, which the flavor declares so that MLflow passes it on); a bad bound stops the load."""
+    from mlflow.exceptions import MlflowException
+
+    from hibert.finetune.serving.flavor import MODEL_CONFIG
+    from hibert.finetune.serving.pyfunc import _max_batch
+
+    assert set(MODEL_CONFIG) == {"stanza_dir", "device", "max_batch_size"}
+    assert _max_batch(MODEL_CONFIG["max_batch_size"]) == 16 and _max_batch(64) == 64 and _max_batch("256") == 256
+    for value, needle in [(0, "model_config max_batch_size 0: must be >= 1"), ("many", "must be a whole number")]:
+        with pytest.raises(MlflowException, match=needle):
+            _max_batch(value)

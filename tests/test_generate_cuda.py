@@ -52,7 +52,7 @@ def test_cuda_cache_follows_reorders_like_the_cpu(cross, copy_):
     # bf16 autocast (the mask in the kernel's dtype): close to fp32, the same best token in almost every row
     low = _decode_with_reorders(gpu, docs, "cuda", torch.bfloat16)
     for g, w in zip(low, want):
-        assert torch.isfinite(g[g > -1e4]).all()
+        assert not torch.isnan(g).any() and not (g == float("inf")).any()
         torch.testing.assert_close(g, w, atol=0.15, rtol=0.05)
     agree = torch.cat([(g.argmax(-1) == w.argmax(-1)) for g, w in zip(low, want)]).float().mean().item()
     assert agree > 0.9, agree

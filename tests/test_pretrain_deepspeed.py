@@ -170,6 +170,11 @@ def test_corrupt_newest_checkpoint_is_skipped(tiny_data, tmp_path):
     out = run_hibert(["pretrain", *over, "schedule.max_steps=8", "--nproc", "2"], timeout=300)
     assert "step_000000006 skipped" in out.stderr and "truncated" in out.stderr
     assert "resumed from" in out.stderr and "step_000000004" in out.stderr
+    # the finished run given a longer schedule trains on, and its export carries the new end's evaluation
+    run_hibert(["pretrain", *over, "schedule.max_steps=10", "--nproc", "2"], timeout=300)
+    meta = json.loads((tmp_path / "c" / "export" / "export.json").read_text())
+    valid = logged_by_step(tmp_path, "c", "valid_loss")
+    assert meta["step"] == 10 and meta["final_metrics"]["valid_loss"] == valid[10], (meta["final_metrics"], valid)
 
 
 def test_stage_two_starts_from_the_registered_stage_one_encoder(tiny_data, tmp_path):

@@ -42,7 +42,8 @@ MIN_BATCH_TOKENS, TOKENS_PER_DOC = 32768, 2048
 def decode_batches(costs: np.ndarray, batch_size: int) -> list[np.ndarray]:
     """Indices of the documents decoded together, similar lengths in a batch (less padding in the encoder's
     grids), at most `batch_size` documents and max(MIN_BATCH_TOKENS, `batch_size` x TOKENS_PER_DOC) tokens
-    (`costs`: each document's packed tokens) per batch, in the order of their first document."""
+    (`costs`: each document's packed tokens) per batch; batches ordered by the index of their first (shortest)
+    document — callers place each output by its document's index."""
     budget = max(MIN_BATCH_TOKENS, batch_size * TOKENS_PER_DOC)
     plan = plan_epoch(costs, seed=0, epoch=0, batch_tokens=budget, max_docs=batch_size, world=1, accum=1)
     return sorted(plan.batches, key=lambda b: int(b[0]))

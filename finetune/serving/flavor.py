@@ -15,6 +15,9 @@ from hibert.finetune.base.generation import DECODING_FLAGS
 from hibert.finetune.heads import HeadSpec, head_of_export
 
 LOADER_MODULE = "hibert.finetune.serving.pyfunc"
+# the settings a loader may give (pyfunc._load_pyfunc): MLflow passes a load-time model_config (or
+# MLFLOW_PYFUNC_INFERENCE_CONFIG's) on only for keys the MLmodel declares; None means the default
+MODEL_CONFIG: dict[str, Any] = {"stanza_dir": None, "device": None, "max_batch_size": None}
 PACKAGE = "hibert-platform"
 # a short news paragraph: what the served model reads (no corpus text is copied into the model)
 EXAMPLE_TEXT = ("The city council approved a new budget on Tuesday after months of debate. The plan raises "
@@ -97,7 +100,7 @@ def write_pyfunc_flavor(export_dir: Path) -> bool:
     model = Model(signature=signature(head, export_dir),
                   metadata={"hibert_head": head.name, "hibert_reads": head.reads})
     mlflow.pyfunc.add_to_model(model, loader_module=LOADER_MODULE, python_env="python_env.yaml",
-                               conda_env="conda.yaml")
+                               conda_env="conda.yaml", model_config=dict(MODEL_CONFIG))
     _save_example(model, input_example(head), str(export_dir))
     model.save(str(export_dir / "MLmodel"))
     return True

@@ -18,6 +18,11 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("hibert.serving")
+# documents a server decodes together at most, whatever a request asks: the decoding state of one document of
+# HIBERT_M is ~30 MB, so a client must not choose it. An operator raises it (a GPU server wants hundreds) through
+# the model's config: `load_model(uri, model_config={"max_batch_size": N})`, or for `mlflow models serve`
+# MLFLOW_PYFUNC_INFERENCE_CONFIG='{"max_batch_size": N}' (MLflow's own override of a flavor's model_config).
+SERVING_MAX_BATCH = 16
 
 
 def _bad(message: str):
@@ -27,10 +32,24 @@ def _bad(message: str):
     return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
 
 
+def _max_batch(value: Any) -> int:
+    """The server's bound on documents decoded together (model_config max_batch_size; None: the default)."""
+    if value is None:
+        return SERVING_MAX_BATCH
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise _bad(f"model_config max_batch_size {value!r}: must be a whole number of documents") from None
+    if n < 1:
+        raise _bad(f"model_config max_batch_size {value!r}: must be >= 1")
+    return n
+
+
 class HibertPyfunc:
     """One loaded export; `predict` never changes its state (a server may call it from several threads)."""
 
-    def __init__(self, export_dir: str | Path, stanza_dir: str | None = None, device: str | None = None):
+    def __init__(self, export_dir: str | Path, stanza_dir: str | None = None, device: str | None = None,
+                 max_batch_size: int | None = None):
         import torch
 
         from hibert.config import Config
@@ -41,6 +60,7 @@ class HibertPyfunc:
         from hibert.finetune.heads import head_of_export
 
         self.export_dir = Path(export_dir)
+        self.max_batch_size = _max_batch(max_batch_size)
         self.head = head_of_export(self.export_dir)
         if self.head.summarizer is None:
             raise _bad(f"a {self.head.name} model does not summarize; it has no pyfunc predict")
@@ -115,12 +135,13 @@ class HibertPyfunc:
                 raise _bad(f"unknown params {unknown}: this model takes {sorted(names)}")
             flags = DecodingFlags({names[k][0]: v for k, v in params.items() if v is not None})
             try:
-                return {"generation": generation_for_export(self.export_dir, flags)}
+                generation = generation_for_export(self.export_dir, flags)
             except DecodingFlagError as e:
                 message = str(e)
                 for dest, (_, flag) in sorted(names.items(), key=lambda kv: -len(kv[1][1])):
                     message = message.replace(flag, f"params.{dest}")
                 raise _bad(message) from None
+            return {"generation": self._bounded(generation, params.get("batch_size"))}
         unknown = sorted(set(params) - {"k"})
         if unknown:
             raise _bad(f"unknown params {unknown}: this model takes ['k']")
@@ -129,6 +150,17 @@ class HibertPyfunc:
         if int(params["k"]) < 1:
             raise _bad(f"params.k {params['k']}: must be >= 1")
         return {"k": int(params["k"])}
+
+    def _bounded(self, generation, requested: Any):
+        """The server, not its clients, bounds the memory of a request: a batch_size asked for above the server's
+        max_batch_size is refused; the model's own default above it is lowered to it (outputs do not depend on
+        the batch)."""
+        if generation.batch_size <= self.max_batch_size:
+            return generation
+        if requested is not None:
+            raise _bad(f"params.batch_size {requested}: this server decodes at most {self.max_batch_size} documents "
+                       "together (its model_config max_batch_size)")
+        return generation.model_copy(update={"batch_size": self.max_batch_size})
 
     # ---------------------------------------------------------------------------------------------- predict
     def predict(self, model_input, params: dict[str, Any] | None = None):
@@ -148,6 +180,8 @@ class HibertPyfunc:
 
 def _load_pyfunc(data_path: str, model_config: dict[str, Any] | None = None) -> HibertPyfunc:
     """MLflow's entry point: `data_path` is the model directory (the export). `model_config` may set
-    `stanza_dir` (a neural segmenter's models) and `device`."""
+    `stanza_dir` (a neural segmenter's models), `device` and `max_batch_size` (documents decoded together at
+    most, whatever a request's params.batch_size; default SERVING_MAX_BATCH)."""
     model_config = model_config or {}
-    return HibertPyfunc(data_path, model_config.get("stanza_dir"), model_config.get("device"))
+    return HibertPyfunc(data_path, model_config.get("stanza_dir"), model_config.get("device"),
+                        model_config.get("max_batch_size"))

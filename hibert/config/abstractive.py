@@ -67,7 +67,9 @@ class GenerationConfig(Section):
     max_word_pieces: int = Field(0, ge=0, le=64, json_schema_extra=_flag(
         "--max-word-pieces", "at most this many subwords per word (0 = no cap)"))
     early_stopping: bool = True                # stop a document once no open beam can beat its best summary
-    batch_size: int = Field(16, ge=1, json_schema_extra=_flag("--batch-size", "documents decoded together"))
+    # documents decoded together: 16 suits a CPU, a GPU wants hundreds (docs/abstractive.md, "On a GPU"); bounded so
+    # that a served request cannot ask for a batch no device holds (HIBERT_M: ~30 MB of decoding state a document)
+    batch_size: int = Field(16, ge=1, le=1024, json_schema_extra=_flag("--batch-size", "documents decoded together"))
 
     @model_validator(mode="after")
     def _check(self) -> "GenerationConfig":

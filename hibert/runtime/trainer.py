@@ -269,17 +269,21 @@ class Trainer:
     def _log_window(self, step: int, window: Window, stats: dict[str, Any], epoch: int,
                     summed: bool = False) -> None:
         """Collective. `summed`: `stats` are already the totals over all ranks."""
-        m = window.flush()
+        # this process trained in the window (a resume with nothing left to train logs the saved statistics
+        # alone: rates, memory and gradient norm of a process that did not train would read as a drop)
+        trained = window.steps > 0
+        m = window.flush() if trained else {}
         totals = stats if summed else _all_sum({k: float(v) for k, v in stats.items()}, self.rt.device)
         m.update(self.task.summarize(totals, "train_"))
         lrs = self.engine.get_lr()
         m["lr"] = lrs[0]
         if len(set(self.lr_names)) > 1:
             m.update({f"lr_{n}": lr for n, lr in zip(self.lr_names, lrs)})
-        gn = self.engine.get_global_grad_norm()
+        gn = self.engine.get_global_grad_norm() if trained else None
         if gn is not None:
             m["grad_norm"] = float(gn)
-        m["peak_memory_gb"] = peak_memory_gb(self.rt.device)
+        if trained:
+            m["peak_memory_gb"] = peak_memory_gb(self.rt.device)
         m["epoch"] = epoch
         self.tracker.metrics(m, step)
         self.last_metrics = m
@@ -307,6 +311,11 @@ class Trainer:
         done = self.run_dir / "export" / "registry.json"
         # an early-stopped run has nothing left either: started again (a requeue), it must not train past its stop
         nothing_left = self._horizon_reached() or self.state["epoch"] >= s.epochs or self.state.get("early_stopped")
+        if self.state.get("finished") and not nothing_left:
+            # a finished run given a longer schedule trains on: its final evaluation and export are redone at the
+            # new end (kept, they would label the new weights with the old end's metrics)
+            self.state.pop("finished")
+            self.state.pop("final_metrics", None)
         if self.state.get("finished") and nothing_left and done.is_file():
             # A finished run started again (e.g. a requeue after the last step): nothing left to do.
             if rt.is_main:
