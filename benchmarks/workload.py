@@ -70,13 +70,14 @@ def machine() -> dict:
 
 
 def source_revision() -> dict:
-    """The commit the benchmark ran at and whether tracked files differed from it (a number from a dirty
-    tree cannot be reproduced from the commit alone); empty outside a git checkout."""
+    """The commit the benchmark ran at and whether tracked files other than results differed from it (a number
+    from a dirty tree cannot be reproduced from the commit alone); empty outside a git checkout."""
     repo = Path(__file__).resolve().parents[1]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                               capture_output=True, text=True, timeout=10)
+        # results written by an earlier benchmark (tracked files under benchmarks/results) are not source changes
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)benchmarks/results"], cwd=repo, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return {}
     if head.returncode != 0:
