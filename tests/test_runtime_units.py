@@ -299,3 +299,28 @@ def test_a_checkpoint_reaches_the_disk_before_its_marker_names_it(tmp_path, monk
     assert files <= synced_before, files - synced_before                   # every shard and the RNG state
     assert (ck.MARKER + ".tmp") in synced_before                            # the marker's bytes, then the rename
     assert ("fsync", str(tag)) in events[rename + 1:]                       # then the directory entry
+
+
+def test_a_window_without_trained_steps_logs_its_statistics_without_rates():
+    """A resume with nothing left to train logs the window its checkpoint kept: the training statistics, not the
+    throughput, memory or gradient norm of a process that did not train (they would read as a drop)."""
+    import torch
+
+    from hibert.runtime.metrics import Window
+    from hibert.runtime.trainer import Trainer
+
+    logged = []
+    fake = SimpleNamespace(
+        rt=SimpleNamespace(device=torch.device("cpu")), lr_names=["all"],
+        task=SimpleNamespace(summarize=lambda totals, prefix: {f"{prefix}loss": totals["loss_sum"] / totals["n"]}),
+        engine=SimpleNamespace(get_lr=lambda: [0.1], get_global_grad_norm=lambda: 2.0),
+        tracker=SimpleNamespace(metrics=lambda m, step: logged.append((step, m))),
+        step_log=SimpleNamespace(step=lambda step, m: None))
+    Trainer._log_window(fake, 8, Window(None, 1), {"loss_sum": 6.0, "n": 3.0}, 0, summed=True)
+    assert logged == [(8, {"train_loss": 2.0, "lr": 0.1, "epoch": 0})]
+    trained = Window(None, 1)
+    trained.add(1000, 0.0, 0.0)
+    trained.steps += 1
+    Trainer._log_window(fake, 9, trained, {"loss_sum": 1.0, "n": 1.0}, 0, summed=True)
+    step, m = logged[-1]
+    assert step == 9 and m["grad_norm"] == 2.0 and m["tokens_per_s"] > 0 and "peak_memory_gb" in m
