@@ -63,8 +63,8 @@ def shard_budget(soft: float, hard: float) -> tuple[float, int]:
 def open_shard_budget() -> int:
     """How many shards a dataset keeps mapped: all that an epoch reads, where the open-file limit allows. A
     training plan reads documents in a random order; with more shards than are kept mapped, almost every document
-    reopens its shard (240 shards, 64 kept: 37 ms of shard reads per 117-document micro-batch against 0.6 ms with
-    all kept, docs/performance.md). The process's soft limit is raised toward its hard one, as far as the cap
+    reopens its shard (240 shards, 64 kept: 54.6 ms per HIBERT_M micro-batch in make_item against 7.1 with all
+    kept, docs/performance.md). The process's soft limit is raised toward its hard one, as far as the cap
     needs (as the corpus merge does); where it cannot be, fewer shards stay mapped (64 at a 1,024 limit)."""
     global _BUDGET
     if _BUDGET is None:
