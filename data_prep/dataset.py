@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -19,14 +20,14 @@ from hibert.data_prep.shards import SPLITS, ShardPart, load_array, shard_name
 
 log = logging.getLogger("hibert.data")
 
-# Shards whose arrays a dataset keeps mapped (least recently read released first). None: every shard an epoch
-# reads, as far as the open-file limit allows (`open_shard_budget`); a number fixes it (tests).
+# Shards whose arrays a dataset keeps mapped (least recently read released first). None: as many as the process's
+# open-file limit allows, all its datasets together (`mapped_array_budget`); a number fixes it per dataset (tests).
 OPEN_SHARDS: int | None = None
-FDS_PER_SHARD = 8        # arrays a reader maps from one shard, at most (each mapping holds a descriptor; 3 for
-                         # pretraining)
 RESERVED_FDS = 512       # for everything else a training process opens (DataLoader pipes, sockets, checkpoints)
-MIN_OPEN_SHARDS, MAX_OPEN_SHARDS = 64, 4096
+MAX_MAPPED_ARRAYS = 32768    # the soft limit is raised no further than this (plus RESERVED_FDS) needs
+MIN_MAPPED_ARRAYS = 256
 _BUDGET: int | None = None
+_OPEN: "weakref.WeakSet[DocumentDataset]" = weakref.WeakSet()   # this process's datasets (their mapped arrays)
 
 MANIFEST = "manifest.json"
 # (dataset, split) whose files this process checked -> (its shards' manifest records by shard, the shards
@@ -49,23 +50,23 @@ def _summary(manifest: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def shard_budget(soft: float, hard: float) -> tuple[float, int]:
-    """(the soft open-file limit to set, the shards a dataset may keep mapped) for limits (soft, hard); either may
-    be resource.RLIM_INFINITY (any value >= 2**62 here)."""
-    want = RESERVED_FDS + MAX_OPEN_SHARDS * FDS_PER_SHARD
+def array_budget(soft: float, hard: float) -> tuple[float, int]:
+    """(the soft open-file limit to set, the arrays this process's datasets may keep mapped) for limits (soft,
+    hard); either may be resource.RLIM_INFINITY (any value >= 2**62 here). Every mapped array holds a descriptor."""
+    want = RESERVED_FDS + MAX_MAPPED_ARRAYS
     unlimited = 2**62
     if soft < unlimited and soft < want:
         soft = max(soft, want if hard >= unlimited else min(want, hard))
     limit = want if soft >= unlimited else soft
-    return soft, max(MIN_OPEN_SHARDS, min(MAX_OPEN_SHARDS, int(limit - RESERVED_FDS) // FDS_PER_SHARD))
+    return soft, max(MIN_MAPPED_ARRAYS, min(MAX_MAPPED_ARRAYS, int(limit) - RESERVED_FDS))
 
 
-def open_shard_budget() -> int:
-    """How many shards a dataset keeps mapped: all that an epoch reads, where the open-file limit allows. A
-    training plan reads documents in a random order; with more shards than are kept mapped, almost every document
-    reopens its shard (240 shards, 64 kept: 54.6 ms per HIBERT_M micro-batch in make_item against 7.1 with all
-    kept, docs/performance.md). The process's soft limit is raised toward its hard one, as far as the cap
-    needs (as the corpus merge does); where it cannot be, fewer shards stay mapped (64 at a 1,024 limit)."""
+def mapped_array_budget() -> int:
+    """How many shard arrays this process keeps mapped, all its datasets together: as many as the open-file limit
+    allows. A training plan reads documents in a random order; with fewer shards kept than it reads, almost every
+    document reopens its shard (240 shards, 64 kept: 54.6 ms per HIBERT_M micro-batch in make_item against 7.1
+    with all kept, docs/performance.md). The soft limit is raised toward the hard one, as far as
+    MAX_MAPPED_ARRAYS needs (as the corpus merge does); at a 1,024 limit, 512 arrays (170 pretraining shards)."""
     global _BUDGET
     if _BUDGET is None:
         try:
@@ -73,13 +74,23 @@ def open_shard_budget() -> int:
 
             soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
             inf = resource.RLIM_INFINITY
-            new_soft, _BUDGET = shard_budget(2**62 if soft == inf else soft, 2**62 if hard == inf else hard)
+            new_soft, _BUDGET = array_budget(2**62 if soft == inf else soft, 2**62 if hard == inf else hard)
             if soft != inf and new_soft > soft:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (int(new_soft), hard))
         except (ImportError, ValueError, OSError) as e:  # no resource module, or the limit cannot be raised
             log.debug("open-file limit not raised (%s)", e)
-            _BUDGET = MIN_OPEN_SHARDS
+            _BUDGET = MIN_MAPPED_ARRAYS
     return _BUDGET
+
+
+def _mapped(part: ShardPart) -> int:
+    return len(vars(part)) - 1   # its mapped arrays (attributes besides `dir`)
+
+
+def mapped_estimate() -> int:
+    """Arrays this process's datasets hold mapped: each dataset's kept shards times the most arrays one of its
+    shards has mapped (a shard maps its arrays as they are first read; a task reads the same ones from each)."""
+    return sum(len(d._parts) * d._per_shard for d in list(_OPEN))
 
 
 class DocumentDataset:
@@ -117,6 +128,8 @@ class DocumentDataset:
         # the shards read most recently, their arrays mapped; older ones are released (each mapped array holds
         # an open file: an epoch over 10,000 shards would otherwise hit the process's open-file limit)
         self._parts: OrderedDict[int, ShardPart] = OrderedDict()
+        self._per_shard = 1   # the most arrays one of its shards has mapped (what the reader touches)
+        _OPEN.add(self)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"dir": str(self.dir), "split": self.split}
@@ -141,9 +154,16 @@ class DocumentDataset:
             if shard not in checked:   # its files' sizes (and sha256 where changed), once per process
                 verify(self.dir, self.manifest, files=files.get(shard_name(shard), {}))
                 checked.add(shard)
+            if self._parts:  # the shard read last has mapped what this reader touches
+                self._per_shard = max(self._per_shard, _mapped(next(reversed(self._parts.values()))))
             part = self._parts[shard] = ShardPart(self.dir / self.split / shard_name(shard))
-            if len(self._parts) > (OPEN_SHARDS if OPEN_SHARDS is not None else open_shard_budget()):
-                self._parts.popitem(last=False)[1].release()
+            if OPEN_SHARDS is not None:
+                while len(self._parts) > OPEN_SHARDS:
+                    self._parts.popitem(last=False)[1].release()
+            else:
+                budget = mapped_array_budget()
+                while len(self._parts) > 1 and mapped_estimate() > budget:
+                    self._parts.popitem(last=False)[1].release()
         else:
             self._parts.move_to_end(shard)
         return part, local

@@ -704,17 +704,37 @@ def test_full_disk_is_recognised_however_it_is_raised(small_disk):
     assert not disk_full(ValueError("bad value")) and not disk_full(FileNotFoundError(2, "No such file"))
 
 
-def test_a_dataset_keeps_every_shard_mapped_that_the_open_file_limit_allows():
+def test_a_dataset_keeps_every_shard_mapped_that_the_open_file_limit_allows(tmp_path, monkeypatch):
     """A training plan reads documents in a random order, so a dataset with more shards than it keeps mapped
-    reopens one at almost every document (10x slower micro-batches at 240 shards): it keeps as many as the
-    open-file limit allows, raising the soft limit toward the hard one, and 64 where the limit is 1,024."""
-    from hibert.data_prep.dataset import FDS_PER_SHARD, MAX_OPEN_SHARDS, RESERVED_FDS, shard_budget
+    reopens one at almost every document (7.7x slower micro-batches at 240 shards): the datasets of a process
+    keep as many arrays mapped as the open-file limit allows, all of them together (each mapped array holds a
+    descriptor), raising the soft limit toward the hard one."""
+    from hibert.data_prep import dataset as dataset_module
+    from hibert.data_prep.dataset import MAX_MAPPED_ARRAYS, RESERVED_FDS, array_budget
 
     inf = 2**62
-    assert shard_budget(1024, 1024) == (1024, 64)                       # a default limit: as before
-    assert shard_budget(1024, 4096) == (4096, (4096 - RESERVED_FDS) // FDS_PER_SHARD)   # soft raised to hard
-    assert shard_budget(20000, 20000) == (20000, (20000 - RESERVED_FDS) // FDS_PER_SHARD)
-    want = RESERVED_FDS + MAX_OPEN_SHARDS * FDS_PER_SHARD
-    assert shard_budget(1024, inf) == (want, MAX_OPEN_SHARDS)          # raised only as far as the cap needs
-    assert shard_budget(inf, inf) == (inf, MAX_OPEN_SHARDS)
-    assert shard_budget(100_000, 100_000) == (100_000, MAX_OPEN_SHARDS)  # never lowered
+    assert array_budget(1024, 1024) == (1024, 1024 - RESERVED_FDS)
+    assert array_budget(1024, 4096) == (4096, 4096 - RESERVED_FDS)                  # soft raised to hard
+    want = RESERVED_FDS + MAX_MAPPED_ARRAYS
+    assert array_budget(1024, inf) == (want, MAX_MAPPED_ARRAYS)                     # only as far as needed
+    assert array_budget(inf, inf) == (inf, MAX_MAPPED_ARRAYS)
+    assert array_budget(100_000, 100_000) == (100_000, MAX_MAPPED_ARRAYS)           # never lowered
+    # two datasets in one process share the budget: 3 shards each, arrays for 4 shards in all
+    sources = [SourceConfig(format="jsonl", path=str(SAMPLES / "reuters_sample.jsonl"), name="r",
+                            text_field="body", id_field="newid")]
+    cfg = data_cfg(tmp_path / "out", sources, valid_fraction=0.0, test_fraction=0.0)
+    prepare(cfg, num_shards=3, progress=False)
+    monkeypatch.setattr(dataset_module, "_BUDGET", 0)   # a budget below one shard's arrays: one shard each
+    a, b = DocumentDataset(cfg.output, "train"), DocumentDataset(cfg.output, "train")
+    want_items = [[x.tolist() for x in a[i]] for i in range(len(a))]
+    for i in range(len(b)):
+        b[i]
+    assert len(a._parts) == 1 and len(b._parts) == 1
+    per = a._per_shard
+    monkeypatch.setattr(dataset_module, "_BUDGET", 4 * per)
+    for i in range(len(a)):
+        a[i]
+    for i in range(len(b)):
+        b[i]
+    assert len(a._parts) + len(b._parts) <= 4 and dataset_module.mapped_estimate() <= 4 * per
+    assert [[x.tolist() for x in a[i]] for i in range(len(a))] == want_items

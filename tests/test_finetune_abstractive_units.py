@@ -191,6 +191,18 @@ def test_the_served_batch_bound_comes_from_the_server_not_the_request():
 
     assert set(MODEL_CONFIG) == {"stanza_dir", "device", "max_batch_size"}
     assert _max_batch(MODEL_CONFIG["max_batch_size"]) == 16 and _max_batch(64) == 64 and _max_batch("256") == 256
-    for value, needle in [(0, "model_config max_batch_size 0: must be >= 1"), ("many", "must be a whole number")]:
+    for value, needle in [(0, "model_config max_batch_size 0: must be >= 1"), ("many", "must be a whole number"),
+                          (True, "must be a whole number"), (64.5, "must be a whole number")]:
         with pytest.raises(MlflowException, match=needle):
             _max_batch(value)
+    # a model whose own batch size (the signature's default, which MLflow fills in for a request that gives none)
+    # is above the bound is served at the bound; a larger batch asked for is refused
+    from hibert.config.abstractive import GenerationConfig
+    from hibert.finetune.serving.pyfunc import HibertPyfunc
+
+    server = object.__new__(HibertPyfunc)
+    server.max_batch_size, server.default_batch = 16, 64
+    assert server._bounded(GenerationConfig(batch_size=64), 64).batch_size == 16
+    assert server._bounded(GenerationConfig(batch_size=8), 8).batch_size == 8
+    with pytest.raises(MlflowException, match="params.batch_size 128: this server decodes at most 16"):
+        server._bounded(GenerationConfig(batch_size=128), 128)

@@ -39,7 +39,9 @@ def _max_batch(value: Any) -> int:
     try:
         n = int(value)
     except (TypeError, ValueError):
-        raise _bad(f"model_config max_batch_size {value!r}: must be a whole number of documents") from None
+        n = None
+    if n is None or isinstance(value, bool) or n != value and str(n) != str(value).strip():
+        raise _bad(f"model_config max_batch_size {value!r}: must be a whole number of documents")
     if n < 1:
         raise _bad(f"model_config max_batch_size {value!r}: must be >= 1")
     return n
@@ -73,6 +75,8 @@ class HibertPyfunc:
         cfg.run.output_dir = self._scratch.name
         settings = SummarizeSettings()
         generation = generation_for_export(self.export_dir, settings) if self.head.decodes else None
+        # the model's own batch size: MLflow fills a param a request leaves out with the signature's default
+        self.default_batch = generation.batch_size if generation is not None else None
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.summarizer = self.head.summarizer(cfg, self.export_dir, device, generation, settings)
         note = fluency_note(self.export_dir) if self.head.decodes else None
@@ -157,7 +161,7 @@ class HibertPyfunc:
         the batch)."""
         if generation.batch_size <= self.max_batch_size:
             return generation
-        if requested is not None:
+        if requested is not None and int(requested) != self.default_batch:
             raise _bad(f"params.batch_size {requested}: this server decodes at most {self.max_batch_size} documents "
                        "together (its model_config max_batch_size)")
         return generation.model_copy(update={"batch_size": self.max_batch_size})

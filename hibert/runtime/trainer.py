@@ -312,6 +312,11 @@ class Trainer:
         # an early-stopped run has nothing left either: started again (a requeue), it must not train past its stop
         nothing_left = self._horizon_reached() or self.state["epoch"] >= s.epochs or self.state.get("early_stopped")
         if self.state.get("finished") and not nothing_left:
+            # a run that stopped at max_steps on the last step of its last epoch has no step left either (its epoch
+            # counter was not advanced): a longer max_steps does not make it train, evaluate or register again
+            last = self.state["epoch"] == s.epochs - 1
+            nothing_left = last and self.state["step_in_epoch"] >= self.plan(self.state["epoch"]).steps
+        if self.state.get("finished") and not nothing_left:
             # a finished run given a longer schedule trains on: its final evaluation and export are redone at the
             # new end (kept, they would label the new weights with the old end's metrics)
             self.state.pop("finished")
