@@ -17,6 +17,7 @@ import numpy as np
 
 from hibert.data_prep.integrity import shard_files, verify
 from hibert.data_prep.shards import SPLITS, ShardPart, load_array, shard_name
+from hibert.open_files import raise_soft_limit
 
 log = logging.getLogger("hibert.data")
 
@@ -52,7 +53,7 @@ def _summary(manifest: dict[str, Any]) -> dict[str, Any]:
 
 def array_budget(soft: float, hard: float) -> tuple[float, int]:
     """(the soft open-file limit to set, the arrays this process's datasets may keep mapped) for limits (soft,
-    hard); either may be resource.RLIM_INFINITY (any value >= 2**62 here). Every mapped array holds a descriptor."""
+    hard); either may be unlimited (math.inf, or any value >= 2**62). Every mapped array holds a descriptor."""
     want = RESERVED_FDS + MAX_MAPPED_ARRAYS
     unlimited = 2**62
     if soft < unlimited and soft < want:
@@ -69,17 +70,8 @@ def mapped_array_budget() -> int:
     MAX_MAPPED_ARRAYS needs (as the corpus merge does); at a 1,024 limit, 512 arrays (170 pretraining shards)."""
     global _BUDGET
     if _BUDGET is None:
-        try:
-            import resource
-
-            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-            inf = resource.RLIM_INFINITY
-            new_soft, _BUDGET = array_budget(2**62 if soft == inf else soft, 2**62 if hard == inf else hard)
-            if soft != inf and new_soft > soft:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (int(new_soft), hard))
-        except (ImportError, ValueError, OSError) as e:  # no resource module, or the limit cannot be raised
-            log.debug("open-file limit not raised (%s)", e)
-            _BUDGET = MIN_MAPPED_ARRAYS
+        soft, _ = raise_soft_limit(RESERVED_FDS + MAX_MAPPED_ARRAYS)
+        _BUDGET = array_budget(soft, soft)[1]   # the limit in force (a raise can be refused)
     return _BUDGET
 
 

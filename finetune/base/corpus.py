@@ -36,6 +36,7 @@ from typing import Any
 
 from hibert.durable import write_atomic
 from hibert.errors import UserError
+from hibert.open_files import raise_soft_limit
 from hibert.finetune.base.text import InputError, Summary, check_length, is_json_lines
 
 
@@ -557,14 +558,9 @@ def merge(output: Path, count: int, source_name: str = "") -> dict[str, Any]:
 
 def _allow_open_files(n: int) -> None:
     """The merge holds every part open at once: raise the soft limit toward the hard one where it is lower."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = n if hard == resource.RLIM_INFINITY else min(n, hard)
-    if soft != resource.RLIM_INFINITY and soft < want:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-    if hard != resource.RLIM_INFINITY and hard < n:
-        raise UserError(f"merging {n - 64} parts needs {n} open files, above this process's hard limit {hard} "
+    _, hard = raise_soft_limit(n)
+    if hard < n:
+        raise UserError(f"merging {n - 64} parts needs {n} open files, above this process's hard limit {int(hard)} "
                         "(ulimit -Hn): use fewer shards")
 
 
