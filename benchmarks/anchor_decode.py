@@ -28,8 +28,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hibert.tokens import BOS_ID, EOS_ID
-from hibert.modeling.abstractive import QueryLayout, _sdpa, source_memory
+from hibert.modeling.decoder import QueryLayout
+from hibert.modeling.layers import sdpa
 from hibert.modeling.packing import PackedDocuments
+from hibert.modeling.source_memory import source_memory
 
 
 class ConcatCache:
@@ -48,7 +50,7 @@ class ConcatCache:
             k = torch.cat([self.keys[layer], k], dim=2)
             v = torch.cat([self.values[layer], v], dim=2)
         self.keys[layer], self.values[layer] = k, v
-        return _sdpa(q, k, v).view(r, hidden)
+        return sdpa(q, k, v).view(r, hidden)
 
     def select(self, rows: Tensor) -> None:
         self.keys = [None if x is None else x.index_select(0, rows) for x in self.keys]

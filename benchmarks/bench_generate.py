@@ -57,6 +57,7 @@ from hibert.modeling.abstractive import HibertAbstractive  # noqa: E402
 from anchor_decode import anchor_generate  # noqa: E402
 from hibert.modeling.generate import NEVER_GENERATED, generate  # noqa: E402
 from hibert.modeling.packing import pack_documents  # noqa: E402
+from recompute_decode import RecomputePrefix  # noqa: E402
 from hibert.runtime.allocator import keep_freed_memory  # noqa: E402
 from workload import machine  # noqa: E402
 
@@ -136,8 +137,8 @@ def timed_call(model, docs, decode, args) -> tuple[float, float, list]:
 
 def run_once(model, docs, gen, ws, args, use_cache: bool = True) -> tuple[float, float]:
     """(seconds for generate() over `docs` in batches of len(docs), seconds of that spent encoding)."""
-    total, encode, hyps = timed_call(model, docs, lambda b: generate(model, b, gen, word_start=ws, use_cache=use_cache),
-                                     args)
+    searched = model if use_cache else RecomputePrefix(model)  # the prefix recomputed at every step
+    total, encode, hyps = timed_call(model, docs, lambda b: generate(searched, b, gen, word_start=ws), args)
     assert all(len(h.tokens) == gen.max_length for h in hyps), [len(h.tokens) for h in hyps]
     return total, encode
 
@@ -543,7 +544,7 @@ def main() -> None:
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
         if not args.default_malloc:
-            keep_freed_memory()  # as `hibert summarize` does on the CPU (finetune/base/decoding.py)
+            keep_freed_memory()  # as `hibert summarize` does on the CPU (finetune/inference/decoding.py)
     if args.memory_probe is not None:
         beam, kind = args.memory_probe.split(",")
         print(json.dumps(memory_probe(args, int(beam), kind)))

@@ -37,9 +37,10 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from hibert.config.abstractive import DecoderConfig  # noqa: E402
 from hibert.config.mds import MDSConfig  # noqa: E402
 from hibert.config.model import ModelConfig  # noqa: E402
-from hibert.modeling.abstractive import HibertAbstractive, make_abstractive_batch  # noqa: E402
+from hibert.finetune.abstractive.data import make_abstractive_batch, make_mds_batch  # noqa: E402
+from hibert.modeling.abstractive import HibertAbstractive  # noqa: E402
 from hibert.modeling.clusters import pack_clusters  # noqa: E402
-from hibert.modeling.mds import HibertMDS, make_mds_batch  # noqa: E402
+from hibert.modeling.mds import HibertMDS  # noqa: E402
 from hibert.modeling.ranker import HibertRanker  # noqa: E402
 from workload import machine  # noqa: E402
 

@@ -2,15 +2,20 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
 from typing import Any
 
+from hibert.data_prep.dataset import MANIFEST, TOKENIZER
+from hibert.data_prep.integrity import record, verify
 from hibert.data_prep.merge import MissingShards
-from hibert.data_prep.plan import PlanMismatch
+from hibert.data_prep.plan import PlanMismatch, write_json
 from hibert.data_prep.segment import SegmenterUnavailable
+from hibert.data_prep.shards import SPLITS
 from hibert.data_prep.workers import WorkerDied
+from hibert.errors import UserError
 
 log = logging.getLogger("data_prep")
 
@@ -38,11 +43,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def verify_dataset(root: Path) -> int:
     """`hibert prep --verify`: every file rehashed (bit rot leaves sizes and mtimes alone)."""
-    import json
-
-    from hibert.data_prep.integrity import verify
-    from hibert.errors import UserError
-
     try:
         manifest = json.loads((root / "manifest.json").read_text())
         if not manifest.get("files"):
@@ -61,13 +61,6 @@ def verify_dataset(root: Path) -> int:
 def record_checksums(root: Path) -> int:
     """`hibert prep --record-checksums`: the `files` merge would have written, for a dataset merged before
     checksums existed. It vouches for the files as they are now, not as prep wrote them (the manifest says so)."""
-    import json
-
-    from hibert.data_prep.dataset import MANIFEST, TOKENIZER
-    from hibert.data_prep.integrity import record
-    from hibert.data_prep.plan import write_json
-    from hibert.data_prep.shards import SPLITS
-
     try:
         manifest = json.loads((root / MANIFEST).read_text())
         if not isinstance(manifest, dict):
@@ -86,6 +79,7 @@ def record_checksums(root: Path) -> int:
 
 
 def run(cfg: Any, args: argparse.Namespace) -> int:
+    # lazy: +~11 ms (filelock, tqdm) that every command would pay: `hibert --help` imports this module for its options
     from hibert.data_prep.pipeline import prepare
 
     if not logging.getLogger().handlers:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hibert.data_prep.porter import make_stemmer
+
 _VALID = re.compile(r"^[a-z0-9]+$")
 
 
@@ -38,8 +40,6 @@ class RougeTokenizer:
     max_cache = 2_000_000
 
     def __init__(self) -> None:
-        from hibert.data_prep.porter import make_stemmer
-
         self._stem = make_stemmer()  # nltk's PorterStemmer().stem (what rouge-score uses), or its exact fast twin
         self._ids: dict[bytes, int] = {_SEP: -2}  # raw lower-case token -> id of its stem (-1: dropped)
         self._stem_ids: dict[str, int] = {}

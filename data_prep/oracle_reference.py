@@ -14,7 +14,7 @@ from functools import lru_cache
 
 @lru_cache(maxsize=1)
 def _scorer():
-    from rouge_score import rouge_scorer
+    from rouge_score import rouge_scorer  # lazy: ~1.1 s (nltk), which greedy_presumm never needs
 
     return rouge_scorer.RougeScorer(["rouge1", "rouge2"], use_stemmer=True)
 

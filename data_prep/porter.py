@@ -223,7 +223,7 @@ def make_stemmer() -> Callable[[str], str]:
     """`porter_stem` when it is known or seen to match the installed nltk, else nltk's stemmer itself."""
     if nltk_porter_sha256() in VERIFIED_NLTK_PORTER:
         return porter_stem
-    from nltk.stem import porter
+    from nltk.stem import porter  # lazy: ~1.1 s, paid only when this nltk's porter.py is not a verified one
 
     reference = porter.PorterStemmer().stem
     wrong = [w for w in PROBE if porter_stem(w) != reference(w)]

@@ -18,6 +18,7 @@ with whitespace collapsed (one readable line); the word count is the number of t
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata as md
 import importlib.util
 import json
 import os
@@ -88,7 +89,7 @@ def direct_fast_path(cfg: SegmenterConfig) -> bool:
 
 def _spacy_language() -> Any:
     """What stanza's spaCy variant builds: spaCy's English tokenizer rules plus the rule-based sentencizer."""
-    from hibert.data_prep.spacy_light import English
+    from hibert.data_prep.spacy_light import English  # lazy: spaCy, ~0.6 s, paid by the fast spaCy segmenter only
 
     nlp = English()
     nlp.add_pipe("sentencizer")
@@ -110,8 +111,6 @@ def preload_modules(cfg: SegmenterConfig) -> list[str]:
 
 class SpacySegmenter(Segmenter):
     def __init__(self, cfg: SegmenterConfig):
-        import importlib.metadata as md
-
         self.fast = cfg.fast
         self.batch_size = max(1, cfg.batch_size)
         self.pipeline: Any = None
@@ -119,7 +118,7 @@ class SpacySegmenter(Segmenter):
         if direct_fast_path(cfg):
             self.nlp = _spacy_language()
         else:
-            import stanza
+            import stanza  # lazy: ~1.4 s (torch), paid only without the verified direct fast path
 
             self.pipeline = stanza.Pipeline(lang="en", processors={"tokenize": "spacy"},
                                             dir=str(offline_resources_dir()), download_method=None,
@@ -135,7 +134,7 @@ class SpacySegmenter(Segmenter):
     def _paragraphs(self, paragraphs: list[str]) -> list[list[Sentence]]:
         out = []
         if self.fast:
-            from spacy.attrs import IDX, LENGTH, SENT_START
+            from spacy.attrs import IDX, LENGTH, SENT_START  # loaded already by self.nlp; at the top: ~1.5 s
 
             for d in self.nlp.pipe(paragraphs, batch_size=self.batch_size):
                 if not len(d):
@@ -181,7 +180,7 @@ def check_available(cfg: SegmenterConfig) -> None:
 
 class NeuralSegmenter(Segmenter):
     def __init__(self, cfg: SegmenterConfig):
-        import stanza
+        import stanza  # lazy: ~1.4 s (torch), paid only by the neural segmenter
 
         models = neural_models(cfg)
         d = Path(cfg.stanza_dir)
@@ -213,8 +212,6 @@ def make_segmenter(cfg: SegmenterConfig) -> Segmenter:
 
 def segmenter_info(cfg: SegmenterConfig) -> dict[str, Any]:
     """What `make_segmenter(cfg).info` will say, without loading anything heavy."""
-    import importlib.metadata as md
-
     info: dict[str, Any] = {"library": "stanza", "stanza_version": md.version("stanza"), "processor": "tokenize",
                             "kind": cfg.kind}
     if cfg.kind == "spacy":

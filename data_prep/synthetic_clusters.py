@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from hibert.data_prep import records as R
+from hibert import json_lines as JL
 from hibert.tfidf import sparse_matrix
 
 EXAMPLES = 5
@@ -98,20 +98,15 @@ def _encodable(value: Any) -> bool:
     return True
 
 
-def _check(raw: bytes, text_field: str, summary_field: str, split_field: str | None,
+# the one reader's bad lines (hibert/json_lines.py) as this builder's skip reasons
+_SKIPS = {JL.BLANK: "empty", JL.INVALID_UTF8: "invalid_utf8", JL.MALFORMED_JSON: "malformed_json",
+          JL.NOT_OBJECT: "missing_field"}
+
+
+def _check(rec: dict[str, Any], text_field: str, summary_field: str, split_field: str | None,
            id_field: str | None) -> dict[str, Any] | str:
-    """The record of a JSONL line, or why it is skipped."""
-    text = R.decode(raw)
-    if text is None:
-        return "invalid_utf8"
-    if not text.strip():
-        return "empty"
-    try:
-        rec = json.loads(text)
-    except (ValueError, RecursionError):  # also nesting too deep, integers over Python's digit limit
-        return "malformed_json"
-    if not isinstance(rec, dict) or not isinstance(rec.get(text_field), str) \
-            or not isinstance(rec.get(summary_field), str):
+    """The record of a JSONL object, or why it is skipped."""
+    if not isinstance(rec.get(text_field), str) or not isinstance(rec.get(summary_field), str):
         return "missing_field"
     if split_field and not isinstance(rec.get(split_field), (str, int, type(None))):
         return "missing_field"    # a split is a name or a number; a list or object cannot group records
@@ -139,8 +134,12 @@ def read_records(paths: Iterable[str], text_field: str, summary_field: str, spli
 
     for path in paths:
         with open(path, "rb") as f:
-            for n, raw in enumerate(f, 1):
-                reason = _check(raw, text_field, summary_field, split_field, id_field)
+            for got in JL.json_lines(f, blank_lines=True):
+                if isinstance(got, JL.BadLine):
+                    skip(_SKIPS[got.kind], f"{path}:{got.lineno}")
+                    continue
+                n, rec = got
+                reason = _check(rec, text_field, summary_field, split_field, id_field)
                 if isinstance(reason, str):
                     skip(reason, f"{path}:{n}")
                 else:

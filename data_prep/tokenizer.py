@@ -16,6 +16,7 @@ from typing import Any
 
 from hibert import tokens as T
 from hibert.config.data import TokenizerConfig
+from hibert.errors import UserError
 
 MODEL_NAME = "tokenizer.model"
 
@@ -26,20 +27,18 @@ def file_sha256(path: Path) -> str:
 
 def vocab_size(path: str | Path) -> int:
     """Pieces in a SentencePiece model (the encoder's vocabulary size)."""
-    import sentencepiece as spm
+    import sentencepiece as spm  # lazy: ~13 ms cold, which --help and config printing never need
 
     return spm.SentencePieceProcessor(model_file=str(path)).get_piece_size()
 
 
 def load(path: str | Path) -> Any:
     """A SentencePieceProcessor, after checking the special ids."""
-    import sentencepiece as spm
+    import sentencepiece as spm  # lazy: ~13 ms cold, which --help and config printing never need
 
     try:
         sp = spm.SentencePieceProcessor(model_file=str(path))
     except (OSError, RuntimeError) as e:  # missing, truncated, or not a SentencePiece model at all
-        from hibert.errors import UserError
-
         raise UserError(f"{path} is not a readable SentencePiece model ({str(e).splitlines()[0][:200]})") from None
     got = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id(),
            sp.piece_to_id(T.USER_DEFINED_SYMBOLS[0]), sp.piece_to_id(T.USER_DEFINED_SYMBOLS[1]))
@@ -59,7 +58,7 @@ TRAIN_THREADS = 16
 def train(sentences: Iterable[str], cfg: TokenizerConfig, out_dir: Path) -> Path:
     """Train into out_dir/tokenizer.{model,vocab}, deterministically (same sentences, same bytes) and
     atomically (a crash leaves no half model)."""
-    import sentencepiece as spm
+    import sentencepiece as spm  # lazy: ~13 ms cold, which --help and config printing never need
 
     out_dir.mkdir(parents=True, exist_ok=True)
     proto = io.BytesIO()  # in memory: no temporary path is recorded in the model

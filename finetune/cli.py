@@ -1,5 +1,5 @@
 """`hibert finetune`, `hibert evaluate`, `hibert summarize`: parse the command line into typed settings, ask
-the head registry (finetune/heads.py) which head to run, and turn the library's `UserError`s into one line.
+the head registry (hibert/heads.py) which head to run, and turn the library's `UserError`s into one line.
 
 The runtime, the export loaders, torch and MLflow are imported inside the handlers: together they cost ~2.5 s
 (`python -X importtime`), which `hibert --help` and the other commands (which build this parser) would pay;
@@ -12,24 +12,27 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
 
-from hibert.config import Config
+from hibert.config import Config, save_resolved
 from hibert.config.mds import ranking_kind
 from hibert.data_prep import DocumentDataset
 from hibert.errors import UserError
-from hibert.finetune.base.generation import (
-    DecodingFlagError,
-    add_generation_arguments,
-    check_generation_flags,
-    decoding_from_args,
+from hibert.finetune.inference.flags import (
+    SettingError,
+    add_flag_arguments,
+    check_flags,
+    flags_from_args,
+    resolve_settings,
 )
-from hibert.finetune.base.settings import EvalSettings, SummarizeSettings, default_device, model_ref
-from hibert.finetune.base.fluency import fluency_note
-from hibert.finetune.base.text import InputError, Summary, check_lengths, read_clusters, read_documents
-from hibert.finetune.heads import EvalOutcome, HeadSpec, get_head, head_of_export, is_builtin
+from hibert.finetune.inference.fluency import fluency_note
+from hibert.finetune.inference.text import InputError, Summary, check_lengths, read_clusters, read_documents
+from hibert.finetune.settings import EvalSettings, SummarizeSettings, default_device, model_ref
+from hibert.heads import EvalOutcome, get_head, head_of_export, is_builtin
 from hibert.redact import redact_uri
-from hibert.registry import check_store_location, ensure_experiment, resolve_model, tracking_uri
+from hibert.registry import check_store_location, reachable, resolve_model, tracking_uri
+from hibert.runtime.launch import relaunch
+from hibert.runtime.outbox import Outbox, drain
+from hibert.runtime.tracking import evaluation_op, send
 
 log = logging.getLogger("hibert")
 
@@ -60,8 +63,6 @@ def run_finetune(cfg: Config, args: argparse.Namespace) -> int:
         cfg.run.init = None if args.init == "random" else args.init
     cfg.run.stage = "finetune"
     if args.nproc and "RANK" not in os.environ and "SLURM_PROCID" not in os.environ:
-        from hibert.runtime.launch import relaunch
-
         if not is_builtin(cfg.finetune.task):  # a plugin's head, or a typo: one line here, before any rank starts
             try:
                 get_head(cfg.finetune.task)
@@ -69,19 +70,16 @@ def run_finetune(cfg: Config, args: argparse.Namespace) -> int:
                 print(e, file=sys.stderr)
                 return 1
         return relaunch(cfg, "finetune", args.nproc)   # a built-in head: the ranks import it (~2 s), not this process
-    from hibert.runtime.run import prepare_run, run_task
+    from hibert.runtime.run import prepare_run, run_task  # lazy: torch + DeepSpeed (~3 s), which the launcher and
+    # evaluate / summarize never need
 
     try:
         head = get_head(cfg.finetune.task)
         inputs = prepare_run(cfg)
         if inputs.rt.is_main:
             log.info("finetune: head %s (reads %s; its config: %s) -> registered model %s", head.name, head.reads,
-                     ", ".join(head.config_sections) or "none of its own", head.registered_model)
-        if inputs.init is not None:  # the encoder's own size and vocabulary; this run's dropout
-            model_cfg = inputs.init.model_cfg.model_copy(update={"dropout": cfg.model.dropout})
-        else:
-            model_cfg = cfg.model.model_copy(update={"vocab_size": inputs.vocab_size})
-        task = head.build_task(cfg, inputs, model_cfg)
+                     ", ".join(head.config) or "none of its own", head.registered_model)
+        task = head.build_task(cfg, inputs, inputs.model_cfg)   # the init encoder's size, or the configured one
     except UserError as e:
         print(e, file=sys.stderr)
         return 1
@@ -104,7 +102,7 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: as trained; e.g. train on 800, test on 1600)")
     p.add_argument("--ranking", type=_ranking_arg, default=None, help="clusters: how units are ranked before the budget cut "
                    "(tfidf, lead, oracle, or a ranker: models:/hibert-ranker@finetuned); default: the model's")
-    add_generation_arguments(p)
+    add_flag_arguments(p, "evaluate")
 
 
 def positive_int(text: str) -> int:
@@ -122,20 +120,13 @@ def _model_ref(cfg: Config, ref: str | None) -> str:
     return model_ref(cfg, ref)
 
 
-def _check_decoding(head: HeadSpec, local: Path, flags):
-    """The decoding flags against the export's own settings (its json files; no weights loaded)."""
-    from hibert.finetune.abstractive.export import generation_for_export
-
-    return generation_for_export(local, flags) if head.decodes else None
-
-
 def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
 
-    settings = EvalSettings(decoding=decoding_from_args(args), **{
-        k: v for k, v in vars(args).items() if k in EvalSettings.__dataclass_fields__ and k != "decoding"})
-    try:  # decoding flags that cannot work fail first, on one line naming the flag
-        check_generation_flags(settings)
-    except DecodingFlagError as e:
+    settings = EvalSettings(flags=flags_from_args(args), **{
+        k: v for k, v in vars(args).items() if k in EvalSettings.__dataclass_fields__ and k != "flags"})
+    try:  # flags that cannot work fail first, on one line naming the flag
+        check_flags(settings.flags)
+    except SettingError as e:
         print(f"hibert evaluate: {e}", file=sys.stderr)
         return 2
     uri = tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False)
@@ -150,13 +141,13 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
     except (FileNotFoundError, UserError) as e:
         print(f"hibert evaluate: cannot load model {ref!r}: {e}", file=sys.stderr)
         return 2
-    try:  # the flags against the model's settings, before it loads
+    try:  # the flags over the model's own settings, once, before it loads: what the evaluation runs with
         head = head_of_export(local)  # (a head module named in $HIBERT_HEADS that fails to import: one line)
-        _check_decoding(head, local, settings)
-    except DecodingFlagError as e:
+        resolved = resolve_settings(head, local, settings.flags)
+    except SettingError as e:
         print(f"hibert evaluate: {e}", file=sys.stderr)
         return 2
-    except ValueError as e:  # its generation.json / abstractive.json do not parse
+    except ValueError as e:  # its settings files do not parse
         print(f"hibert evaluate: cannot load model {ref!r}: {e}", file=sys.stderr)
         return 2
     note = fluency_note(local) if head.decodes else None
@@ -164,7 +155,7 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
         print(f"hibert evaluate: note: {note}", file=sys.stderr)
     try:
         clusters = DocumentDataset(cfg.data.dataset_dir, settings.split).is_clusters
-        outcome = head.evaluate(cfg, settings, local, ref, clusters)
+        outcome = head.evaluate(cfg, settings, local, ref, clusters, resolved)
     except FileNotFoundError as e:  # the dataset (or a file of the model) is not there
         print(f"hibert evaluate: {e}", file=sys.stderr)
         return 1
@@ -183,11 +174,6 @@ def _log_to_mlflow(cfg: Config, uri: str, outcome: EvalOutcome) -> None:
     else kept, with one line saying so and how to send it (`hibert registry sync`). Evaluations keep their own
     outbox (`<run dir>/evaluate-outbox`, with this evaluation's config): a training run's outbox may hold
     operations for another store, which must not be sent here."""
-    from hibert.config import save_resolved
-    from hibert.registry import reachable
-    from hibert.runtime.outbox import Outbox, drain
-    from hibert.runtime.tracking import evaluation_op, send
-
     meta, result = outcome.meta, outcome.result
     table = per_document_table(result)
     keep = cfg.run_dir / "evaluate-outbox"
@@ -231,7 +217,6 @@ def add_summarize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranking", type=_ranking_arg, default=None, help="multi-document model: rank units by tfidf or lead, or "
                    "by a ranker (models:/hibert-ranker@finetuned); default: as the model was trained")
     p.add_argument("--field", default="text", help="JSONL field holding the document text")
-    p.add_argument("--k", type=positive_int, default=None, help="sentences to extract (default: the model's)")
     p.add_argument("--limit", type=positive_int, default=None, help="summarize at most N documents of a JSONL input")
     p.add_argument("--json", action="store_true", help="print one JSON object per document")
     c = p.add_argument_group("a whole corpus (--output): streamed, resumable, one line per input record, in order")
@@ -249,7 +234,7 @@ def add_summarize_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--window", type=positive_int, default=None, help="records read, decoded (batched by length) "
                    "and written together (default: 64, or --batch-size if larger)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_generation_arguments(p)
+    add_flag_arguments(p, "summarize")
 
 
 def _print_summary(s: Summary, clusters: bool, as_json: bool) -> None:
@@ -269,17 +254,17 @@ def _print_summary(s: Summary, clusters: bool, as_json: bool) -> None:
 
 def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
 
-    settings = SummarizeSettings(decoding=decoding_from_args(args), **{
-        k: v for k, v in vars(args).items() if k in SummarizeSettings.__dataclass_fields__ and k != "decoding"})
-    try:  # decoding flags that cannot work fail first, on one line naming the flag
-        check_generation_flags(settings)
-    except DecodingFlagError as e:
+    settings = SummarizeSettings(flags=flags_from_args(args), **{
+        k: v for k, v in vars(args).items() if k in SummarizeSettings.__dataclass_fields__ and k != "flags"})
+    try:  # flags that cannot work fail first, on one line naming the flag
+        check_flags(settings.flags)
+    except SettingError as e:
         print(f"hibert summarize: {e}", file=sys.stderr)
         return 2
     corpus_flags = [f for f, v in (("--nproc", args.nproc != 1), ("--shard", args.shard), ("--merge", args.merge),
                                    ("--shards", args.shards)) if v]
     if args.output:
-        from hibert.finetune.corpus_cli import run_summarize_corpus
+        from hibert.finetune.corpus_cli import run_summarize_corpus  # lazy: ~17 ms on every command's --help
 
         return run_summarize_corpus(cfg, args, settings)
     if corpus_flags:
@@ -310,11 +295,11 @@ def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
     try:
         if head is None:
             raise load_error
-        generation = _check_decoding(head, local, settings)  # the flags against the model's settings: no weights
+        resolved = resolve_settings(head, local, settings.flags)  # the flags over the model's own: no weights
         if head.summarizer is None:
             raise ValueError(f"a {head.name} model does not summarize")
-        summarizer = head.summarizer(cfg, local, _device(), generation, settings)
-    except DecodingFlagError as e:
+        summarizer = head.summarizer(cfg, local, _device(), resolved, settings)
+    except SettingError as e:
         print(f"hibert summarize: {e}", file=sys.stderr)
         return 2
     except (FileNotFoundError, ValueError) as e:

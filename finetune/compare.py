@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from hibert.errors import UserError
-from hibert.finetune.base.report import HEADLINE, find_report, split_name, unique_labels
-from hibert.finetune.base.rouge import bootstrap_ci, format_p, seeded_paired_bootstrap, verdict
+from hibert.finetune.evaluation.report import HEADLINE, find_report, split_name, unique_labels
+from hibert.finetune.evaluation.rouge import bootstrap_ci, format_p, seeded_paired_bootstrap, verdict
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,25 +1,25 @@
 """`hibert summarize --output`: a whole corpus into one ordered JSONL file (the streaming, sharding, resume and
-merge are finetune/base/corpus.py). This module runs one shard in this process, or starts `--nproc` local
+merge are finetune/inference/corpus.py). This module runs one shard in this process, or starts `--nproc` local
 processes (one shard each, one GPU each where there are GPUs) and shows one progress bar for all of them, then
 merges. A Slurm array runs one shard per task (`--shard "$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT"`) and a
 last job merges (`--merge --shards N`): `hibert submit` plans both (slurm/stages.py)."""
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
+
+from tqdm import tqdm
 
 from hibert.config import Config
 from hibert.errors import UserError
-from hibert.finetune.base.corpus import (
-    Shard,
-    Source,
+from hibert.finetune.inference.corpus import (
     check_output,
     check_settings,
     check_shard_count,
@@ -34,7 +34,13 @@ from hibert.finetune.base.corpus import (
     stats_path,
     summarize_shard,
 )
-from hibert.finetune.base.settings import SummarizeSettings, default_device, model_ref
+from hibert.finetune.inference.flags import SettingError, resolve_settings
+from hibert.finetune.inference.fluency import fluency_note
+from hibert.finetune.inference.source import Shard, Source
+from hibert.finetune.inference.text import max_doc_chars
+from hibert.finetune.settings import SummarizeSettings, default_device, model_ref
+from hibert.heads import head_of_export
+from hibert.registry import resolve_model, tracking_uri
 
 CHILD_ENV = "HIBERT_SUMMARIZE_CHILD"   # set in the processes --nproc starts: no bar of their own, no merge
 DEFAULT_WINDOW = 64                    # records per window when neither --window nor a larger --batch-size says
@@ -68,13 +74,6 @@ def run_summarize_corpus(cfg: Config, args: argparse.Namespace, settings: Summar
 
 
 def _run(cfg: Config, args: argparse.Namespace, settings: SummarizeSettings, output: Path) -> int:
-    from hibert.finetune.abstractive.export import generation_for_export
-    from hibert.finetune.base.fluency import fluency_note
-    from hibert.finetune.base.generation import DecodingFlagError
-    from hibert.finetune.base.text import max_doc_chars
-    from hibert.finetune.heads import head_of_export
-    from hibert.registry import resolve_model, tracking_uri
-
     shard = Shard.parse(args.shard) if args.shard else Shard(0, 1)
     if args.merge:   # joins the parts: the input only names itself in the stats
         if not args.shards:
@@ -104,19 +103,23 @@ def _run(cfg: Config, args: argparse.Namespace, settings: SummarizeSettings, out
             return _fail(f"cannot load model {ref!r}: a {head.name} model does not summarize")
     except (FileNotFoundError, ValueError) as e:
         return _fail(f"cannot load model {args.model or ref!r}: {e}")
-    # what the parts are made with: a resume with another model or other flags would mix two kinds of summary
+    try:  # the flags over the model's own settings, once: what every part is made with
+        resolved = resolve_settings(head, local, settings.flags)
+    except SettingError as e:
+        return _fail(str(e))
+    except (FileNotFoundError, ValueError) as e:
+        return _fail(f"cannot load model {args.model or ref!r}: {e}")
+    # what the parts are made with: a resume with another model or other settings would mix two kinds of summary
     fingerprint = settings_fingerprint(export_digest(local), args.model or ref, args.field, source.split,
-                                       asdict(settings))
+                                       {"model_settings": resolved.model_dump() if resolved is not None else None,
+                                        "ranking": settings.ranking})
     child = os.environ.get(CHILD_ENV) == "1"
     total = source.count(shard) if not args.no_progress and not child else None
     if local_procs:
         check_settings(output, fingerprint)
         return _run_local(args.nproc, local, source, output, total)
     try:
-        generation = generation_for_export(local, settings) if head.decodes else None
-        summarizer = head.summarizer(cfg, local, default_device(), generation, settings)
-    except DecodingFlagError as e:
-        return _fail(str(e))
+        summarizer = head.summarizer(cfg, local, default_device(), resolved, settings)
     except (FileNotFoundError, ValueError) as e:
         return _fail(f"cannot load model {args.model or ref!r}: {e}")
     note = fluency_note(local) if head.decodes and not child else None
@@ -124,12 +127,10 @@ def _run(cfg: Config, args: argparse.Namespace, settings: SummarizeSettings, out
         print(f"hibert summarize: note: {note}", file=sys.stderr)
     bar = None
     if total is not None:
-        from tqdm import tqdm
-
         bar = tqdm(total=total, unit="doc", desc=f"summarize {source.name}", file=sys.stderr, dynamic_ncols=True)
     try:
         # a window holds at least one decoding batch (--batch-size 256 on a GPU is read 256 records at a time)
-        window = args.window or max(DEFAULT_WINDOW, generation.batch_size if generation is not None else 0)
+        window = args.window or max(DEFAULT_WINDOW, getattr(resolved, "batch_size", 0))
         result = summarize_shard(summarizer.summarize_all, source, output, shard, window,
                                  on_window=bar.update if bar else None, fingerprint=fingerprint)
     finally:
@@ -154,7 +155,7 @@ def _devices(n: int) -> list[str | None]:
     if visible is not None:
         ids = [x.strip() for x in visible.split(",") if x.strip() and x.strip() != "-1"]
     else:
-        import torch
+        import torch  # lazy: ~1 s, only where no CUDA_VISIBLE_DEVICES names the GPUs
 
         ids = [str(i) for i in range(torch.cuda.device_count())]
     return [ids[i % len(ids)] if ids else None for i in range(n)]
@@ -193,8 +194,6 @@ def _die_with_parent() -> Callable[[], None] | None:
     writing its part. libc is loaded here, in the parent: the child only calls it, between fork and exec."""
     if not sys.platform.startswith("linux"):
         return None
-    import ctypes
-
     libc = ctypes.CDLL(None, use_errno=True)
     return lambda: libc.prctl(1, signal.SIGTERM)   # 1: PR_SET_PDEATHSIG
 
@@ -245,9 +244,7 @@ def _run_processes(n: int, local: Path, source: Source, output: Path, total: int
                 env["CUDA_VISIBLE_DEVICES"] = device
             procs.append(subprocess.Popen(_child_argv(n, i, local), env=env, preexec_fn=pre_exec))
         if total is not None:
-            from tqdm import tqdm
-
-            bar = tqdm(total=total, unit="doc", desc=f"summarize {source.name} ({n} processes)",
+                bar = tqdm(total=total, unit="doc", desc=f"summarize {source.name} ({n} processes)",
                        file=sys.stderr, dynamic_ncols=True)
         while True:
             for i in range(n):   # lines appended to each part since the last look

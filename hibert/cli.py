@@ -6,14 +6,23 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import ctypes
 import importlib
 import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
 from typing import NoReturn
 
+import yaml
+
 from hibert.config import ConfigError, dump_yaml, load_config
+from hibert.errors import UserError, disk_full, free_mb
+from hibert.logs import set_level, setup_logging
+from hibert.redact import redact_config_dict
+from hibert.registry import bound_http_retries
 
 # name -> (module:function, one-line help, takes a config)
 COMMANDS: dict[str, tuple[str, str, bool]] = {
@@ -48,9 +57,6 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
     try:
         return dist_version("hibert-platform")
     except PackageNotFoundError:  # a source checkout that was never installed
@@ -100,7 +106,11 @@ def _split_config_and_overrides(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    try:  # the settings flags come from the head registry: a plugin module that fails to import is one line
+        parser = build_parser()
+    except UserError as e:
+        print(e, file=sys.stderr)
+        return 2
     args, extra = parser.parse_known_args(argv)
     # `key=value` overrides may come after options (`--nproc 2 model.hidden=64`); anything else is an error
     stray = [e for e in extra if "=" in e and not e.startswith("-")]
@@ -112,9 +122,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    from hibert.logs import set_level, setup_logging
-    from hibert.registry import bound_http_retries
-
     set_level(args.log_level)
     setup_logging(0)
     bound_http_retries()
@@ -124,14 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _split_config_and_overrides(args)
         try:
             cfg = load_config(args.config, args.overrides)
-        except ConfigError as e:
+        except (ConfigError, UserError) as e:
             print(f"hibert {args.command}: {e}", file=sys.stderr)
             return 2
         if args.print_config:  # secrets masked: the printout ends up in logs; config.resolved.yaml keeps them
-            import yaml
-
-            from hibert.redact import redact_config_dict
-
             print(yaml.safe_dump(redact_config_dict(cfg.model_dump(mode="json")), sort_keys=False), end="")
             return 0
     try:
@@ -144,8 +147,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int((handler(args) if not takes_config else handler(cfg, args)) or 0)
     except (OSError, RuntimeError) as e:
-        from hibert.errors import disk_full, free_mb
-
         if not disk_full(e):
             raise
         where = getattr(e, "filename", None) or (cfg.data.output if cfg is not None and args.command == "prep"
@@ -190,8 +191,6 @@ def run() -> NoReturn:
     except (OSError, ValueError):
         pass
     try:  # what exit() does and os._exit skips: printf output of C/C++ libraries (DeepSpeed, NCCL) still buffered
-        import ctypes
-
         ctypes.CDLL(None).fflush(None)
     except (OSError, AttributeError):
         pass

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import math
 
+try:
+    import resource
+except ImportError:   # not a POSIX system
+    resource = None
+
 
 def raise_soft_limit(want: int) -> tuple[float, float]:
     """Raise the soft RLIMIT_NOFILE toward `want`, never above the hard limit and never lowering it. Returns the
     (soft, hard) limits that hold afterwards, math.inf for unlimited; (1024, 1024) where they cannot be read."""
-    try:
-        import resource
-    except ImportError:   # not a POSIX system
+    if resource is None:
         return 1024.0, 1024.0
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     inf = resource.RLIM_INFINITY

@@ -5,10 +5,22 @@ and `models:/hibert-encoder@in-domain` resolves to a local directory that any co
 """
 from __future__ import annotations
 
+import base64
 import os
 import re
+import sqlite3
+import urllib.error
+import urllib.parse
 from pathlib import Path
 from typing import Any
+
+from hibert.errors import UserError
+from hibert.redact import redact_uri
+
+try:
+    import certifi  # what requests verifies against, not the system's store
+except ImportError:
+    certifi = None
 
 DEFAULT_DB = "mlflow.db"
 
@@ -59,7 +71,7 @@ def _ssl_context() -> Any:
     MLFLOW_TRACKING_SERVER_CERT_PATH, else none with MLFLOW_TRACKING_INSECURE_TLS, else REQUESTS_CA_BUNDLE /
     CURL_CA_BUNDLE, else certifi's (requests' default); and a client certificate (MLFLOW_TRACKING_CLIENT_CERT_PATH). Without it
     a server behind an internal CA would be reported unreachable although MLflow reaches it."""
-    import ssl
+    import ssl  # lazy: ~4 ms on every command (hibert.cli imports this module); only https tracking needs it
 
     env = os.environ.get
     insecure = (env("MLFLOW_TRACKING_INSECURE_TLS") or "").strip().lower() in ("true", "1")
@@ -72,11 +84,7 @@ def _ssl_context() -> Any:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
     else:
-        try:
-            import certifi   # what requests verifies against, not the system's store
-            ctx = ssl.create_default_context(cafile=certifi.where())
-        except ImportError:
-            ctx = ssl.create_default_context()
+        ctx = ssl.create_default_context(cafile=certifi.where() if certifi is not None else None)
     if env("MLFLOW_TRACKING_CLIENT_CERT_PATH"):
         ctx.load_cert_chain(env("MLFLOW_TRACKING_CLIENT_CERT_PATH"))
     return ctx
@@ -88,13 +96,7 @@ def _probe(uri: str, timeout: float) -> str | None:
     is down, so unreachable. Other stores: None. A URI that cannot be parsed is a `UserError`, password masked."""
     if not uri.startswith(("http://", "https://")):
         return None
-    import base64
-    import urllib.error
-    import urllib.parse
-    import urllib.request
-
-    from hibert.errors import UserError
-    from hibert.redact import redact_uri
+    from urllib.request import Request, urlopen  # lazy: ~8 ms (http.client, ssl) on every command; http(s) only
 
     try:
         parts = urllib.parse.urlsplit(uri)
@@ -112,7 +114,7 @@ def _probe(uri: str, timeout: float) -> str | None:
     url = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/health", "", ""))
     try:
         ctx = _ssl_context() if parts.scheme == "https" else None
-        urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout, context=ctx).close()
+        urlopen(Request(url, headers=headers), timeout=timeout, context=ctx).close()
     except urllib.error.HTTPError as e:
         return f"HTTP {e.code} {e.reason}" if e.code >= 500 else None
     except (urllib.error.URLError, OSError, ValueError) as e:
@@ -128,9 +130,6 @@ def reachable(uri: str, timeout: float = 2.0) -> bool:
 def check_reachable(uri: str, timeout: float = REACH_TIMEOUT_S) -> None:
     """An http(s) tracking server answers within `timeout` seconds, or one `UserError` line naming it,
     password masked. Other stores: nothing to check."""
-    from hibert.errors import UserError
-    from hibert.redact import redact_uri
-
     reason = _probe(uri, timeout)
     if reason is not None:
         raise UserError(f"tracking server {redact_uri(uri)} is unreachable ({redact_uri(reason)[:200]}; "
@@ -140,7 +139,7 @@ def check_reachable(uri: str, timeout: float = REACH_TIMEOUT_S) -> None:
 
 def client(uri: str) -> Any:
     """A client bound to `uri`, without touching MLflow's global state."""
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # lazy: ~1.0 s, which --help, prep and config printing never need
 
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
@@ -148,7 +147,7 @@ def client(uri: str) -> Any:
 def activate(uri: str) -> None:
     """Point MLflow's fluent API (start_run, log_*) at `uri` for this process. MLflow also exports it
     as $MLFLOW_TRACKING_URI, which child processes inherit: call it only in the process that logs."""
-    import mlflow
+    import mlflow  # lazy: ~1.0 s, which every importer of this module that does not log would pay
 
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
@@ -166,10 +165,6 @@ def check_store_location(uri: str, experiment: str) -> None:
     """A local sqlite store that was copied or moved still names the original directory as its experiment's
     artifact location (MLflow stores it absolute): logging there would write into the original. One
     `UserError` line instead, before anything is written. Read with sqlite3 directly (no MLflow import)."""
-    import sqlite3
-
-    from hibert.errors import UserError
-
     db = sqlite_path(uri)
     expected = artifact_location(uri)
     if db is None or expected is None or not db.is_file():
@@ -193,7 +188,7 @@ def check_store_location(uri: str, experiment: str) -> None:
 
 def ensure_experiment(uri: str, name: str) -> None:
     """Make `name` the active experiment of the fluent API, creating it with our artifact location."""
-    import mlflow
+    import mlflow  # lazy: ~1.0 s, only the processes that log pay it
 
     activate(uri)
     if mlflow.get_experiment_by_name(name) is None:
@@ -255,9 +250,6 @@ def resolve_model(ref: str, uri: str, dst: str | Path | None = None) -> Path:
     reference that cannot resolve is one `UserError` line naming it and the store, and writes nothing: a
     malformed one, a sqlite store that does not exist (it is not created by looking), a missing model, alias or
     version."""
-    from hibert.errors import UserError
-    from hibert.redact import redact_uri
-
     if not ref.startswith("models:/"):
         path = Path(ref)
         if not path.is_dir():
@@ -272,7 +264,7 @@ def resolve_model(ref: str, uri: str, dst: str | Path | None = None) -> Path:
     if db is not None and not db.is_file():
         raise UserError(f"model reference {ref!r}: there is no registry at {db} (nothing was trained there); "
                         "name the store (tracking.uri=..., run.output_dir=...) or pass an export directory")
-    import mlflow
+    import mlflow  # lazy: ~1.0 s, paid only when a models:/ reference is resolved
     from mlflow.exceptions import MlflowException
 
     # models:/ resolution builds clients from MLflow's global URI (default: ./mlflow.db), so set it

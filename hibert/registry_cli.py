@@ -10,10 +10,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
+from hibert.config import ConfigError, load_config
+from hibert.config.load import RESOLVED_NAME
 from hibert.redact import redact_uri
 from hibert.errors import UserError
 from hibert.registry import check_reachable, list_versions, sqlite_path, tracking_uri
+from hibert.runtime.outbox import Outbox
+from hibert.runtime.tracking import Tracker
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,13 +48,7 @@ def _is_missing(e: Exception) -> bool:
 
 def sync(args: argparse.Namespace) -> int:
     """Send `<run dir>/tracking/outbox.jsonl` to the run's store (its resolved config names it; --uri wins)."""
-    from pathlib import Path
-
-    from hibert.config import ConfigError, load_config
-    from hibert.config.load import RESOLVED_NAME
-    from hibert.runtime.outbox import Outbox
-    from hibert.runtime.tracking import Tracker
-    from hibert.runtime.writer_lock import try_claim
+    from hibert.runtime.writer_lock import try_claim  # lazy: pulls torch (~0.95 s); --help, list, show never need it
 
     if not args.target:
         print("hibert registry sync: give the run directory, e.g. runs/demo/finetune-ext", file=sys.stderr)

@@ -118,7 +118,7 @@ def unit_graph(units: Sequence[Sequence[int]] | Sequence[str], threshold: float,
 def sparse_matrix(texts: Sequence[str]):
     """Rows L2-normalised sublinear-tf x smoothed-idf vectors of many texts (scipy CSR; a corpus-sized
     vocabulary stays sparse)."""
-    from scipy import sparse  # only the synthetic-cluster builder needs scipy
+    from scipy import sparse  # lazy: ~0.19 s; only the synthetic-cluster builder needs scipy
 
     vocab: dict[str, int] = {}
     rows, cols, vals = [], [], []

@@ -1,6 +1,6 @@
 """HIBERT models as plain nn.Modules (Zhang et al. 2019): packing, encoder, pretraining, extractive and
 abstractive heads, beam search."""
-from hibert.modeling.abstractive import AbstractiveBatch, AbstractiveOutput, HibertAbstractive, make_abstractive_batch
+from hibert.modeling.abstractive import AbstractiveBatch, AbstractiveOutput, HibertAbstractive
 from hibert.modeling.accounting import count_parameters, flops_per_batch
 from hibert.modeling.encoder import EncoderOutput, HibertEncoder
 from hibert.modeling.extractive import HibertExtractive
@@ -19,6 +19,6 @@ __all__ = [
     "HibertEncoder", "EncoderOutput",
     "HibertForPretraining", "PretrainBatch", "make_pretrain_batch", "make_padded_pretrain_batch", "PretrainOutput",
     "HibertExtractive", "count_parameters", "flops_per_batch",
-    "HibertAbstractive", "AbstractiveBatch", "make_abstractive_batch", "AbstractiveOutput",
+    "HibertAbstractive", "AbstractiveBatch", "AbstractiveOutput",
     "greedy", "Hypothesis", "NgramBlocker",
 ]

@@ -129,14 +129,14 @@ def _ordered_topk(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 @torch.no_grad()
 def generate(model, docs: PackedDocuments, gen: GenerationConfig, word_start: Tensor | None = None,
-             n_best: int = 1, use_cache: bool = True,
-             trace: Callable[[int, Tensor, Tensor], None] | None = None) -> list[Hypothesis]:
+             n_best: int = 1, trace: Callable[[int, Tensor, Tensor], None] | None = None) -> list[Hypothesis]:
     """Beam search over every document of `docs` (packed layout, on the model's device) with a
     `HibertAbstractive` in eval mode (callers wrap it in autocast for bf16). `word_start [V]` bool marks
     the pieces that begin a word (needed when gen.no_repeat_ngram or gen.max_word_pieces > 0). Returns one `Hypothesis` per
-    document, in order, with its `n_best` best in `.nbest`. `use_cache=False` recomputes the whole prefix
-    at every step instead of using the self-attention cache (benchmarks). `trace(step, prefixes [R, t],
-    banned [R, V])` sees the n-gram blocker's decision at every step (tests)."""
+    document, in order, with its `n_best` best in `.nbest`. `model` is used through `cfg`, `start_decoding` and
+    `decode_step` only (benchmarks/recompute_decode.py wraps one that recomputes the whole prefix at every
+    step instead of using the self-attention cache). `trace(step, prefixes [R, t], banned [R, V])` sees the
+    n-gram blocker's decision at every step (tests)."""
     k, max_len, alpha = gen.beam_size, gen.max_length, gen.length_penalty
     if not 1 <= n_best <= k:
         raise ValueError(f"n_best ({n_best}) must be between 1 and beam_size ({k})")
@@ -158,11 +158,7 @@ def generate(model, docs: PackedDocuments, gen: GenerationConfig, word_start: Te
 
     for t in range(max_len + 1):
         b = doc_ids.shape[0]
-        if use_cache:
-            logp = model.decode_step(inputs, state)
-        else:
-            bos = torch.full((b * k, 1), BOS_ID, dtype=torch.long, device=device)
-            logp = model.decode_prefix(torch.cat([bos, history.view(b * k, max_len)[:, :t]], 1), state.memory)
+        logp = model.decode_step(inputs, state)
         if blocker is not None and trace is not None:
             blocker.on_mask = lambda mask: trace(t, history.view(b * k, max_len)[:, :t], mask)  # noqa: B023
         for rule in processors:

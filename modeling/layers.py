@@ -153,6 +153,15 @@ def _grid_attention(qkv: Tensor, g: int, length: int, index: Tensor | None, key_
     return out if index is None else out.index_select(0, index)
 
 
+def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Fused attention; on CUDA without cuDNN attention, as in `attention` (it plans per shape, and
+    decoding shapes change as documents finish)."""
+    if q.is_cuda:
+        with sdpa_kernel(_CUDA_SDPA_BACKENDS):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 class TransformerLayer(nn.Module):
     """One encoder layer (HIBERT §3.1: self-attention + FFN, residuals, LayerNorm), or, given a `context`,
     one masked-sentence decoder layer (HIBERT §3.2, eq. 3–5): causal self-attention (eq. 3), then the

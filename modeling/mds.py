@@ -1,6 +1,6 @@
 """The hierarchical multi-document summarizer (Liu & Lapata 2019) on HIBERT: local layers = the HIBERT
 encoder over each unit (as a document), global layers across the units of a cluster (modeling/hierarchical.py),
-and the abstractive decoder of modeling/abstractive.py unchanged.
+and the abstractive decoder of modeling/decoder.py unchanged.
 
 The decoder memory is every token of every unit of the cluster (its state after the global layers), laid out
 as one "document" per cluster whose "sentences" are the units (`PackedClusters.memory_docs`); the unit vector
@@ -14,48 +14,27 @@ rank (PHT's ranking encoding R and the global layers' rank embedding both read i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
-import numpy as np
 import torch
 
 from hibert.config.abstractive import DecoderConfig
 from hibert.config.mds import MDSConfig
 from hibert.config.model import ModelConfig
-from hibert.modeling.abstractive import (
-    AbstractiveBatch,
-    AbstractiveDecoder,
-    CrossCache,
-    HibertAbstractive,
-    SourceMemory,
-    source_memory,
-)
-from hibert.modeling.clusters import PackedClusters, pack_clusters
+from hibert.modeling.abstractive import AbstractiveBatch, HibertAbstractive
+from hibert.modeling.clusters import PackedClusters
+from hibert.modeling.decoder import AbstractiveDecoder
 from hibert.modeling.encoder import EncoderOutput, HibertEncoder
 from hibert.modeling.hierarchical import GlobalEncoder
-from hibert.modeling.packing import Document, Sentence
-from hibert.modeling.pretraining import _decoder_fields
+from hibert.modeling.kv_cache import CrossCache
+from hibert.modeling.source_memory import SourceMemory, source_memory
 
 
 @dataclass
 class MDSBatch(AbstractiveBatch):
-    """An `AbstractiveBatch` whose "documents" are clusters: `docs` is a `PackedClusters`."""
+    """An `AbstractiveBatch` whose "documents" are clusters: `docs` is a `PackedClusters` (built by
+    `hibert.finetune.abstractive.data.make_mds_batch`)."""
 
     docs: PackedClusters  # type: ignore[assignment]
-
-
-def make_mds_batch(clusters: Sequence[Sequence[Document]], targets: Sequence[Sentence],
-                   graphs: Sequence[np.ndarray] | None = None, pad_to_multiple: int = 8) -> MDSBatch:
-    """Teacher-forcing batch of clusters (lists of units in rank order; a unit is a list of sentences of token
-    ids, no specials), their target summaries (no specials) and optionally each cluster's unit graph."""
-    if len(clusters) != len(targets):
-        raise ValueError(f"{len(clusters)} clusters but {len(targets)} targets")
-    packed = pack_clusters(clusters, graphs, pad_to_multiple)
-    f = _decoder_fields([[t] for t in targets], np.arange(len(clusters), dtype=np.int64), None, pad_to_multiple)
-    return MDSBatch(docs=packed, dec_tokens=f["dec_tokens"], dec_labels=f["dec_labels"], dec_pos=f["dec_pos"],
-                    dec_doc=f["dec_rows"], dec_index=f["dec_index"], dec_cu=f["dec_cu"],
-                    target_lens=f["target_lens"], max_target_len=f["max_target_len"],
-                    num_target_tokens=f["num_target_tokens"])
 
 
 def cluster_states(encoder: HibertEncoder, global_encoder: GlobalEncoder, packed: PackedClusters,
@@ -92,8 +71,8 @@ def cluster_memory(encoder: HibertEncoder, global_encoder: GlobalEncoder, packed
 
 class HibertMDS(HibertAbstractive):
     """`.encoder` (HibertEncoder: registered encoders load strictly), `.global_encoder`, `.decoder`. Teacher
-    forcing (`forward(MDSBatch)`), `start_decoding(PackedClusters, beams, max_len)`, `decode_step` and
-    `decode_prefix` are HibertAbstractive's: only `encode` differs."""
+    forcing (`forward(MDSBatch)`), `start_decoding(PackedClusters, beams, max_len)` and `decode_step` are
+    HibertAbstractive's: only `encode` differs."""
 
     def __init__(self, enc_cfg: ModelConfig, dec_cfg: DecoderConfig, mds_cfg: MDSConfig):
         torch.nn.Module.__init__(self)

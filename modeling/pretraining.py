@@ -61,8 +61,8 @@ def _check_targets(masked_docs: Sequence[Document], target_positions: Sequence[S
             raise ValueError(f"document {b}: target position out of range 0..{len(doc) - 1}: {list(pos)}")
 
 
-def _decoder_fields(target_sentences: Sequence[Sequence[Sentence]], row_of: np.ndarray,
-                    width: int | None, pad_to_multiple: int) -> dict:
+def decoder_fields(target_sentences: Sequence[Sequence[Sentence]], row_of: np.ndarray,
+                   width: int | None, pad_to_multiple: int) -> dict:
     """`_decoder_stream` of target sentences given as arrays (one list of sentences per document)."""
     flat_words, word_lens, _ = flatten_documents(target_sentences)
     return _decoder_stream(flat_words, word_lens, row_of, width, pad_to_multiple)
@@ -143,7 +143,7 @@ def make_padded_pretrain_batch(masked_docs: Sequence[Document], target_positions
     _check_targets(masked_docs, target_positions, target_sentences)
     docs = pad_documents(masked_docs, max_sentences, max_tokens)
     row_of = np.concatenate([b * max_sentences + np.asarray(p, dtype=np.int64) for b, p in enumerate(target_positions)])
-    return PretrainBatch(docs=docs, **_decoder_fields(target_sentences, row_of, max_tokens + 1, 1))
+    return PretrainBatch(docs=docs, **decoder_fields(target_sentences, row_of, max_tokens + 1, 1))
 
 
 @dataclass

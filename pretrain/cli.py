@@ -10,6 +10,7 @@ import sys
 
 from hibert.config import Config
 from hibert.errors import UserError
+from hibert.runtime.launch import relaunch
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,13 +33,14 @@ def apply_cli(cfg: Config, args: argparse.Namespace) -> Config:
 def run(cfg: Config, args: argparse.Namespace) -> int:
     cfg = apply_cli(cfg, args)
     if args.nproc and "RANK" not in os.environ and "SLURM_PROCID" not in os.environ:
-        from hibert.runtime.launch import relaunch
 
         return relaunch(cfg, "pretrain", args.nproc)
     return train(cfg)
 
 
 def train(cfg: Config) -> int:
+    # lazy: the runtime and the task bring torch and DeepSpeed (~3 s), which `hibert --help`, the --nproc launcher
+    # and every other command (they build this parser) do not need
     from hibert.pretrain.masked_sentence import MaskedSentenceTask
     from hibert.runtime.run import prepare_run, run_task
 
@@ -47,5 +49,5 @@ def train(cfg: Config) -> int:
     except UserError as e:  # e.g. an init encoder of another size or tokenizer: one line, before any training
         print(e, file=sys.stderr)
         return 1
-    task = MaskedSentenceTask(cfg, inputs.vocab_size, init_state=inputs.init.state if inputs.init else None)
+    task = MaskedSentenceTask(cfg, inputs.vocab_size)   # the configured model (run.init: checked to fit it)
     return run_task(cfg, inputs, task, "pretrain")

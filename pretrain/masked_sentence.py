@@ -12,7 +12,6 @@ from hibert.config.model import ModelConfig
 from hibert.modeling import HibertForPretraining, flops_per_batch
 from hibert.modeling.pretraining import make_pretrain_batch_flat
 from hibert.pretrain.objective import mask_batch
-from hibert.runtime.export import load_encoder
 from hibert.runtime.task import LoaderItem, TokenNLLTask
 
 
@@ -21,9 +20,8 @@ class MaskedSentenceTask(TokenNLLTask):
     eval_metric = "valid_ppl"
     eval_mode = "min"
 
-    def __init__(self, cfg: Config, vocab_size: int, init_state: dict[str, torch.Tensor] | None = None):
+    def __init__(self, cfg: Config, vocab_size: int):
         self.cfg = cfg
-        self.init_state = init_state
         self.model_cfg = cfg.model.model_copy(update={"vocab_size": vocab_size})
         self.spec = cfg.objective
         self.seed = cfg.schedule.seed
@@ -32,10 +30,8 @@ class MaskedSentenceTask(TokenNLLTask):
         return self.model_cfg
 
     def build_model(self) -> torch.nn.Module:
+        # run.init (the previous stage's encoder) is loaded by the runtime; fresh decoder, optimizer and schedule
         model = HibertForPretraining(self.model_cfg, label_smoothing=self.cfg.objective.label_smoothing)
-        if self.init_state is not None:  # previous stage's encoder; fresh decoder, optimizer and schedule
-
-            load_encoder(model.encoder, self.init_state)
         if self.cfg.deepspeed.zero_stage == 3 and self.model_cfg.tie_output_embeddings:
             import deepspeed  # only under ZeRO-3; importing it costs ~2.5 s
 

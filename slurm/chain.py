@@ -29,7 +29,7 @@ from pathlib import Path
 
 from hibert.config.ops import SlurmStage
 from hibert.config.schema import Config
-from hibert.finetune.heads import HeadError, get_head
+from hibert.heads import HeadError, get_head
 from hibert.redact import redact_uri
 from hibert.registry import client, parse_models_ref, sqlite_path, tracking_uri
 
@@ -69,7 +69,7 @@ def chain_alias(alias: str, chain_id: str) -> str:
 
 def written_model(command: str, cfg: Config) -> tuple[str, str] | None:
     """(registered model, alias) the stage's run registers, or None: the registered model of the head
-    `finetune.task` names (finetune/heads.py), or the encoder's; tests/test_chain_handoff.py checks that this
+    `finetune.task` names (hibert/heads.py), or the encoder's; tests/test_chain_handoff.py checks that this
     agrees with `Task.registry_name` / `registry_alias`."""
     if command not in TRAINING or not cfg.tracking.register_model:
         return None
@@ -257,7 +257,7 @@ def resolve_version(uri: str, name: str, alias: str) -> str:
     db = sqlite_path(uri)
     if db is not None and not db.is_file():
         raise ChainError(f"cannot pin models:/{name}@{alias}: the registry {shown} does not exist (yet)")
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # lazy: ~1.0 s, paid only when submit pins a registry alias
 
     with _fail_fast():
         try:

@@ -1,6 +1,6 @@
 """`hibert demo` (`make demo`, `python -m hibert.demo`): run a recipe's staged pipeline locally on the shipped
 sample and show the results. It lives with the chain it runs (slurm/stages.py, slurm/chain.py) and reads the
-head registry (finetune/heads.py) and the reports (finetune/base/): every import points down.
+head registry (hibert/heads.py) and the reports (finetune/base/): every import points down.
 
 The stages are the recipe's `slurm.pipeline` — the same chain `hibert submit` sends to Slurm — run here
 as local subprocesses (training with 2 CPU ranks). A finished stage leaves a marker and is reused on the
@@ -29,10 +29,10 @@ import numpy as np
 
 from hibert.config import Config, load_config
 from hibert.errors import UserError
-from hibert.finetune.base.fluency import fluency_note
-from hibert.finetune.base.rouge import bootstrap_ci, format_p, seeded_paired_bootstrap, verdict
+from hibert.finetune.inference.fluency import fluency_note
+from hibert.finetune.evaluation.rouge import bootstrap_ci, format_p, seeded_paired_bootstrap, verdict
 from hibert.finetune.compare import common_scores, shared_ids
-from hibert.finetune.heads import head_of_export, registered_heads
+from hibert.heads import head_of_export, registered_heads
 from hibert.redact import redact_uri
 from hibert.registry import DEFAULT_DB, client, tracking_uri
 from hibert.slurm.chain import TRAINING, ChainError, StageInput, dependency_closure, link, new_chain_id, store_uri
@@ -127,7 +127,7 @@ def plot_losses(cfg: Config, out: Path) -> Path | None:
     import matplotlib  # here, not at the top: the backend must be chosen before pyplot is imported
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: ~0.37 s with matplotlib, which only the demo's loss chart needs
 
 
     c = client(tracking_uri(cfg.tracking.uri, cfg.run.output_dir))
@@ -169,16 +169,14 @@ def print_results(reports: list[dict], names: list[str]) -> None:
     """One table per dataset: every finetuned model on it, then Lead-3 and the oracle (the same documents
     in every report of a dataset)."""
     groups: dict[tuple[str, str], list[tuple[str, dict]]] = {}
-    for name, rep in zip(names, reports):
-        if "recall" in rep:  # a unit-ranking report: ROUGE-L recall of the top L' units, not summaries
-            print(f"\n== {name}: ROUGE-L recall of the top L' units ({rep['meta'].get('clusters')} clusters) ==")
-            for ranking, by_cut in rep["recall"].items():
-                print(f"  {ranking:<15}" + "  ".join(f"L'={c} {v['mean']:5.2f}" for c, v in by_cut.items()))
-            d = rep["paired"]["ranker-tfidf"]["5"]
-            print(f"  ranker - tfidf at L'=5: {d['diff']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}] p={d['p_value']:.3g}")
+    heads = registered_heads()
+    for name, rep in zip(names, reports):  # a head's own report kind (a ranker's recall at L') prints itself
+        head = heads.get(rep.get("meta", {}).get("task"))
+        if head is not None and head.report_lines is not None:
+            print("\n" + "\n".join(head.report_lines(name, rep)))
     reports, names = [r for r in reports if "scores" in r], [n for n, r in zip(names, reports) if "scores" in r]
-    for name, rep in zip(names, reports):  # one table per dataset and head (extractive, abstractive)
-        key = (rep["meta"].get("dataset_manifest", "?"), rep["meta"].get("task", "extractive"))
+    for name, rep in zip(names, reports):  # one table per dataset and head
+        key = (rep["meta"].get("dataset_manifest", "?"), rep["meta"].get("task", "summarization"))
         groups.setdefault(key, []).append((name, rep))
     for members in groups.values():
         first = members[0][1]
@@ -191,7 +189,7 @@ def print_results(reports: list[dict], names: list[str]) -> None:
             if system in first["scores"]:
                 rows.append((system, first["scores"][system]))
         where = first["meta"].get("dataset") or f"dataset {first['meta'].get('dataset_manifest', '?')}"
-        print(f"\n== {first['meta'].get('task', 'extractive')}: ROUGE F1 on {first['num_documents']} held-out "
+        print(f"\n== {first['meta'].get('task', 'summarization')}: ROUGE F1 on {first['num_documents']} held-out "
               f"{first['meta'].get('split', 'test')} documents of {where} (rouge-score, 95% CI) ==")
         width = max(len(r[0]) for r in rows)
         for label, sc in rows:
@@ -200,13 +198,12 @@ def print_results(reports: list[dict], names: list[str]) -> None:
                               for m in ("rouge1_f", "rouge2_f", "rougeL_f"))
             print(f"  {label:<{width}}  {cells}")
         print_paired(members)
-        if first["meta"].get("task") == "abstractive":
-            for name, rep in members:
-                st = rep.get("abstractiveness", {}).get("model")
-                if st:
-                    print(f"  {name}: novel 1/2/3-grams {st['novel_1gram']:.1f}/{st['novel_2gram']:.1f}/"
-                          f"{st['novel_3gram']:.1f}%, repeated 3-grams {st['repeated_3gram']:.1f}%, "
-                          f"{st['mean_words']:.1f} words")
+        for name, rep in members:  # reports of summaries that are not extracts
+            st = rep.get("abstractiveness", {}).get("model")
+            if st:
+                print(f"  {name}: novel 1/2/3-grams {st['novel_1gram']:.1f}/{st['novel_2gram']:.1f}/"
+                      f"{st['novel_3gram']:.1f}%, repeated 3-grams {st['repeated_3gram']:.1f}%, "
+                      f"{st['mean_words']:.1f} words")
 
 
 SEED_SUFFIX = re.compile(r"-seed\d+$")

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from hibert.finetune.base.decoding import decode_batches, split_sentences
+from hibert.finetune.inference.decoding import decode_batches, split_sentences
 from hibert.finetune.abstractive.data import target_ids
 from hibert.finetune.abstractive.metrics import abstractiveness, novel_ngram_rate, repetition_rate
 from hibert.tokens import SEP_ID
@@ -149,7 +149,7 @@ def test_a_damaged_decoder_config_is_one_line_not_a_traceback(tmp_path, capsys, 
 def test_fluency_note_reads_the_recorded_validation_perplexity(tmp_path):
     import json
 
-    from hibert.finetune.base.fluency import WRITES_PPL, fluency_note
+    from hibert.finetune.inference.fluency import WRITES_PPL, fluency_note
 
     def export(metrics, selected=None):
         d = tmp_path / str(len(list(tmp_path.iterdir())))
@@ -206,3 +206,39 @@ def test_the_served_batch_bound_comes_from_the_server_not_the_request():
     assert server._bounded(GenerationConfig(batch_size=8), 8).batch_size == 8
     with pytest.raises(MlflowException, match="params.batch_size 128: this server decodes at most 16"):
         server._bounded(GenerationConfig(batch_size=128), 128)
+
+
+def test_the_runtime_starts_a_task_from_run_init_and_the_decoder_from_its_pretraining_export(tmp_path):
+    """`Task.init_from`, which the Trainer calls right after `build_model` for every task: the init export's encoder
+    into `model.encoder`; with finetune.init_decoder the abstractive task also takes the export's masked-sentence
+    decoder, and an export without one (or no run.init) is one UserError line."""
+    import torch
+    from safetensors.torch import save_file
+
+    from hibert.config import load_config
+    from hibert.errors import UserError
+    from hibert.finetune.abstractive.task import AbstractiveTask
+    from hibert.modeling.pretraining import HibertForPretraining
+    from hibert.runtime.export import InitModel
+
+    cfg = load_config(None, ["model=hibert_tiny", "decoder.layers=2", "finetune.init_decoder=true"])
+    model_cfg = cfg.model.model_copy(update={"vocab_size": 64})
+    torch.manual_seed(0)
+    pre = HibertForPretraining(model_cfg).state_dict()
+    encoder = {k.removeprefix("encoder."): v for k, v in pre.items() if k.startswith("encoder.")}
+    decoder = {k.removeprefix("decoder."): v.contiguous() for k, v in pre.items() if k.startswith("decoder.")}
+    save_file(decoder, str(tmp_path / "decoder.safetensors"))
+    init = InitModel(encoder, model_cfg, {}, tmp_path)
+    task = AbstractiveTask(cfg, model_cfg)
+    model = task.build_model()
+    task.init_from(model, init)
+    assert all(torch.equal(v, encoder[k]) for k, v in model.encoder.state_dict().items())
+    other = task.build_model()   # another random start: only what came from the export is equal
+    loaded = other.load_pretraining_decoder(decoder)
+    assert len(loaded) >= 8 and all(torch.equal(model.decoder.state_dict()[k], other.decoder.state_dict()[k])
+                                    for k in loaded)
+    with pytest.raises(UserError, match="init_decoder=true needs run.init"):
+        task.init_from(task.build_model(), None)
+    (tmp_path / "decoder.safetensors").unlink()
+    with pytest.raises(UserError, match="decoder.safetensors"):
+        task.init_from(task.build_model(), init)

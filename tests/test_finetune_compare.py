@@ -5,7 +5,7 @@ import json
 import pytest
 
 from hibert.errors import UserError
-from hibert.finetune.base.rouge import paired_bootstrap, seeded_paired_bootstrap
+from hibert.finetune.evaluation.rouge import paired_bootstrap, seeded_paired_bootstrap
 from hibert.finetune.compare import compare, render
 from hibert.cli import main
 
@@ -132,7 +132,7 @@ def test_evaluate_compare_names_stay_apart_and_never_replace_a_baseline_pair(tmp
     """`hibert evaluate --compare`: same-named runs get their parent in front instead of one replacing the other;
     a name equal to a row of the report (lead3) or to another --compare name, or a report listed twice, is
     refused; a pair already in the report is never replaced."""
-    from hibert.finetune.base.report import compared_reports, pair_with_reports
+    from hibert.finetune.evaluation.report import compared_reports, pair_with_reports
 
     e1 = _report(tmp_path / "exp1" / "ext" / "report-test", ["a"], [10.0])
     e2 = _report(tmp_path / "exp2" / "ext" / "report-test", ["a"], [90.0])
@@ -154,7 +154,7 @@ def test_demo_runner_pairs_over_shared_documents_and_its_seed_ci_is_over_documen
     """The local runner's summary: reports whose document lists differ are paired over the documents they share
     (named when they share none), and a system's multi-seed interval is the bootstrap over documents of the
     per-document mean over seeds (not the mean of the per-seed bounds)."""
-    from hibert.finetune.base.rouge import bootstrap_ci
+    from hibert.finetune.evaluation.rouge import bootstrap_ci
     from hibert.slurm.local import print_paired, seed_summary
 
     def rep(ids, scores, init, bounds=(0.0, 100.0)):

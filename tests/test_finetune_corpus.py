@@ -1,5 +1,5 @@
 """Corpus mode of `hibert summarize --output` without a model: the stream, part files, resume, merge and the
-checks made before any work, driven in-process with a stand-in `summarize_all` (finetune/base/corpus.py,
+checks made before any work, driven in-process with a stand-in `summarize_all` (finetune/inference/corpus.py,
 finetune/corpus_cli.py). End-to-end runs with a trained model: tests/test_finetune_e2e.py."""
 from __future__ import annotations
 
@@ -16,9 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from hibert.errors import UserError
-from hibert.finetune.base.corpus import (
-    Shard,
-    Source,
+from hibert.finetune.inference.corpus import (
     check_unlocked,
     done_path,
     export_digest,
@@ -31,8 +29,9 @@ from hibert.finetune.base.corpus import (
     stats_path,
     summarize_shard,
 )
-from hibert.finetune.base.settings import SummarizeSettings
-from hibert.finetune.base.text import Summary
+from hibert.finetune.inference.source import Shard, Source
+from hibert.finetune.inference.text import Summary
+from hibert.finetune.settings import SummarizeSettings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -211,7 +210,7 @@ def test_resuming_with_another_model_or_flags_is_refused(tmp_path):
     model = tmp_path / "model"
     model.mkdir()
     (model / "weights.bin").write_bytes(b"a" * 100)
-    fp = {"model": export_digest(model), "model_ref": str(model), "settings": {"decoding": {"beam": 4}}}
+    fp = {"model": export_digest(model), "model_ref": str(model), "settings": {"model_settings": {"beam_size": 4}}}
 
     def dies_after_one_window(docs: list) -> list[Summary]:
         if calls.append(1) or len(calls) > 1:
@@ -221,10 +220,10 @@ def test_resuming_with_another_model_or_flags_is_refused(tmp_path):
     calls: list[int] = []
     with pytest.raises(RuntimeError):
         summarize_shard(dies_after_one_window, Source(src), out, Shard(0, 1), window=2, fingerprint=fp)
-    assert json.loads(settings_path(out).read_text())["settings"] == {"decoding": {"beam": 4}}
+    assert json.loads(settings_path(out).read_text())["settings"] == {"model_settings": {"beam_size": 4}}
     with pytest.raises(UserError, match=r"other settings \(settings: .*beam.*4.* then, .*beam.*5.* now\)"):
         summarize_shard(first_words, Source(src), out, Shard(0, 1), fingerprint={**fp, "settings": {
-            "decoding": {"beam": 5}}})
+            "model_settings": {"beam_size": 5}}})
     (model / "weights.bin").write_bytes(b"b" * 100)
     assert export_digest(model) != fp["model"]
     with pytest.raises(UserError, match="the model: "):
@@ -232,9 +231,9 @@ def test_resuming_with_another_model_or_flags_is_refused(tmp_path):
     result = summarize_shard(first_words, Source(src), out, Shard(0, 1), window=2, fingerprint=fp)
     assert result.written == 8 and result.resumed_after == 1
     # the batch size is not part of it: a run that ran out of memory resumes with a smaller one
-    fingerprint = lambda batch: settings_fingerprint("d", "m", None, None, {"decoding": {"beam_size": 4,  # noqa: E731
+    fingerprint = lambda batch: settings_fingerprint("d", "m", None, None, {"model_settings": {"beam_size": 4,  # noqa: E731
                                                                                         "batch_size": batch}})
-    assert fingerprint(32) == fingerprint(4) != settings_fingerprint("d", "m", None, None, {"decoding": {}})
+    assert fingerprint(32) == fingerprint(4) != settings_fingerprint("d", "m", None, None, {"model_settings": {}})
     merge(out, 1)
     assert not settings_path(out).exists()
 
@@ -244,7 +243,7 @@ PARENT = """
 import sys
 from pathlib import Path
 import hibert.finetune.corpus_cli as c
-from hibert.finetune.base.corpus import Source
+from hibert.finetune.inference.source import Source
 d = Path(sys.argv[1])
 child = "import os, time; open({!r} + '/pid%d' % {}, 'w').write(str(os.getpid())); time.sleep(120)"
 c._child_argv = lambda n, i, local: [sys.executable, "-c", child.format(str(d), i)]

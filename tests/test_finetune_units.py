@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from rouge_score import rouge_scorer
 
-from hibert.finetune.base.rouge import Rouge, bootstrap_ci, paired_bootstrap, summarize_scores
+from hibert.finetune.evaluation.rouge import Rouge, bootstrap_ci, paired_bootstrap, summarize_scores
 from hibert.finetune.base.selection import lead, oracle_from_labels, select
 
 
@@ -99,7 +99,7 @@ def test_summarize_inputs_json_lines_any_suffix_empty_records_clusters_and_lengt
     document above the export's max_doc_chars are one line naming the input."""
     import json
 
-    from hibert.finetune.base.text import InputError, check_lengths, read_documents
+    from hibert.finetune.inference.text import InputError, check_lengths, read_documents
 
     for data, needle in [(b"", "bad.txt: empty input"), (b" \n\t", "bad.txt: empty input"),
                          (b"\x00\x01\x02binary", "bad.txt: looks like binary data"),
@@ -135,7 +135,7 @@ def test_viewer_copied_fragments_novel_words_and_picks_hand_checked():
     """Grusky et al.'s greedy fragments on a hand-checked case (lowercased): 'the storm hit the coast' (5 tokens)
     and 'power lines fell in' (4) are copied; 'and' is a word the source never uses; 'towns .' is a source run
     of only 2 tokens, below MIN_COPY = 3, so it is neither copied nor novel."""
-    from hibert.finetune.base.viewer import _picks, copy_segments, novel_bigrams
+    from hibert.finetune.evaluation.viewer import _picks, copy_segments, novel_bigrams
 
     source = ["The storm hit the coast on Monday .", "Power lines fell in three towns ."]
     summary = ["the storm hit the coast and power lines fell in towns ."]
@@ -151,8 +151,8 @@ def test_viewer_page_embeds_any_text_safely(tmp_path):
     the embedded JSON reads back to the same text."""
     import json as _json
 
-    from hibert.finetune.base.report import Document
-    from hibert.finetune.base.viewer import write_viewer
+    from hibert.finetune.evaluation.report import Document
+    from hibert.finetune.evaluation.viewer import write_viewer
 
     nasty = "a </script><script>alert(1)</script> <!-- b __DATA__ __TITLE__"
     docs = [Document("d<1>", [nasty, "Second sentence ."], [["ref </script>"]], None)]

@@ -1,4 +1,4 @@
-"""The CUDA path of decoding (modeling/abstractive.py, modeling/generate.py, modeling/logits_process.py): the
+"""The CUDA path of decoding (modeling/kv_cache.py, modeling/generate.py, modeling/logits_process.py): the
 KV cache's ancestry mask through the fused SDPA kernel, the CUDA branches of the n-gram blocker (masks instead
 of host syncs) and the device-resident beam pool must decode what the CPU decodes. Skipped where there is no GPU."""
 import copy

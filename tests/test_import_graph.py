@@ -102,3 +102,42 @@ def test_layering():
             if any(name == x or name.startswith(x + ".") for x in NOT_IN_MODELING):
                 bad.append(f"{m} imports {name} (modeling/ is pure nn.Module code)")
     assert not bad, "\n".join(bad)
+
+
+# the code every head goes through: it asks the head registry (hibert/heads.py), never a head's folder or name
+GENERIC = ("hibert/cli.py", "hibert/config", "finetune/cli.py", "finetune/corpus_cli.py", "finetune/settings.py",
+           "finetune/serving", "finetune/base", "finetune/evaluation", "finetune/inference", "slurm")
+BUILTIN_HEADS = ("extractive", "abstractive", "ranker", "mds")
+# objective.kind's legacy values: configs written before finetune.task named the head set it to a head's name
+NAMES_ALLOWED = {"hibert/config/training.py": "_legacy_head_kind"}
+
+
+def test_generic_code_names_no_head():
+    """No import of a head's folder (hibert.finetune.<head>), and no head's name compared against or looked up
+    (`head.name == "extractive"`, `heads["mds"]`): a new head is a plug-in, not an edit of these files."""
+    graph, mods = _graph()
+    bad = []
+    for m, p in mods.items():
+        rel = p.relative_to(REPO).as_posix()
+        if not any(rel == g or rel.startswith(g + "/") for g in GENERIC):
+            continue
+        bad += [f"{rel} imports {d}" for d in graph[m]
+                if any(d == f"hibert.finetune.{h}" or d.startswith(f"hibert.finetune.{h}.") for h in BUILTIN_HEADS)]
+        tree = ast.parse(p.read_text(encoding="utf-8"))
+        allowed = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == NAMES_ALLOWED.get(rel)
+                   for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if id(node) in allowed:
+                continue
+            consts = []
+            if isinstance(node, ast.Compare):
+                consts = [node.left, *node.comparators]
+            elif isinstance(node, ast.Subscript):
+                consts = [node.slice]
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "get" and node.args:
+                consts = [node.args[0]]
+            for c in consts:
+                names = c.elts if isinstance(c, (ast.Tuple, ast.List, ast.Set)) else [c]
+                bad += [f"{rel}:{node.lineno} names the head {n.value!r}" for n in names
+                        if isinstance(n, ast.Constant) and n.value in BUILTIN_HEADS]
+    assert not bad, "\n".join(bad)

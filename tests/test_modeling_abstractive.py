@@ -1,19 +1,28 @@
-"""Abstractive head (modeling/abstractive.py) on tiny configs (CPU): teacher forcing vs incremental decoding,
+"""Abstractive head (modeling/abstractive.py and its parts) on tiny configs (CPU): teacher forcing vs incremental decoding,
 Ma & Zong's PHT/VHT cross-attention and the pointer-generator mixture against hand computations,
 padding-freeness, weight compatibility with the pretraining encoder/decoder."""
 import math
+import sys
 
 import numpy as np
 import pytest
 import torch
 
+from conftest import REPO
 from hibert.config.abstractive import DecoderConfig, GenerationConfig
 from hibert.config.model import ModelConfig
+from hibert.finetune.abstractive.data import make_abstractive_batch
 from hibert.tokens import BOS_ID, EOS_ID, PAD_ID, SEP_ID
 from hibert.modeling import HibertExtractive, HibertForPretraining
-from hibert.modeling.abstractive import (HibertAbstractive, ParallelCrossAttention, QueryLayout, VerticalCrossAttention,
-                                  copy_mixture, coverage_loss, make_abstractive_batch, segment_softmax, source_memory)
+from hibert.modeling.abstractive import HibertAbstractive
+from hibert.modeling.cross_attention import (ParallelCrossAttention, VerticalCrossAttention, coverage_loss,
+                                             segment_softmax)
+from hibert.modeling.decoder import QueryLayout, copy_mixture
 from hibert.modeling.packing import pack_documents
+from hibert.modeling.source_memory import source_memory
+
+sys.path.insert(0, str(REPO / "benchmarks"))  # the no-cache reference decoder is the benchmark's
+from recompute_decode import decode_prefix  # noqa: E402
 
 V = 64
 CFG = ModelConfig(name="test", vocab_size=V, hidden=32, layers=2, heads=2, dropout=0.0, max_positions=64)
@@ -123,7 +132,7 @@ def test_cached_decoding_equals_teacher_forcing(cross, copy, norm_first):
         worst = worst_prefix = 0.0
         for t in range(steps):
             step = model.decode_step(inputs[:, t], state)
-            prefix = model.decode_prefix(inputs[:, : t + 1], state.memory)
+            prefix = decode_prefix(model, inputs[:, : t + 1], state.memory)
             for r in range(6):
                 if t < batch.target_lens[r]:
                     worst = max(worst, (step[r] - ref[start[r] + t]).abs().max().item())

@@ -1,17 +1,23 @@
 """Batched beam search (modeling/generate.py) on tiny random models (CPU): batch independence, greedy,
 word-level n-gram blocking against a slow reference, length rules, GNMT scores, exact early stopping."""
 import math
+import sys
 
 import numpy as np
 import pytest
 import torch
 
+from conftest import REPO
 from hibert.config.abstractive import GenerationConfig
+from hibert.finetune.abstractive.data import make_abstractive_batch
 from hibert.tokens import BOS_ID, EOS_ID, MASK_ID, PAD_ID, SEP_ID, UNK_ID
-from hibert.modeling.abstractive import make_abstractive_batch
-from hibert.modeling.generate import NgramBlocker, _top_candidates, generate, gnmt_penalty, greedy
+from hibert.modeling.generate import NEVER_GENERATED, NgramBlocker, _top_candidates, generate, gnmt_penalty, greedy
 from hibert.modeling.packing import pack_documents
 from test_modeling_abstractive import V, favour_eos, random_docs, tiny_model
+
+sys.path.insert(0, str(REPO / "benchmarks"))  # the reference searches are the benchmarks'
+from anchor_decode import anchor_generate  # noqa: E402
+from recompute_decode import RecomputePrefix  # noqa: E402
 
 WORD_START = torch.from_numpy(np.random.default_rng(0).random(V) < 0.6)
 WORD_START[:6] = True  # specials stand alone
@@ -293,7 +299,7 @@ def test_deterministic_nbest_and_cache_free_path():
         scores = [x.score for x in h.nbest]
         assert scores == sorted(scores, reverse=True)
         assert len({tuple(x.tokens) for x in h.nbest}) == len(h.nbest)
-    recomputed = generate(model, packed, gen, word_start=WORD_START, use_cache=False)
+    recomputed = generate(RecomputePrefix(model), packed, gen, word_start=WORD_START)
     assert [h.tokens for h in recomputed] == [h.tokens for h in a]
     assert max(abs(x.score - y.score) for x, y in zip(recomputed, a)) < 1e-4
 
@@ -324,13 +330,6 @@ def test_the_anchor_search_of_the_benchmark_decodes_what_greedy_does(cross, copy
     """benchmarks/anchor_decode.py (PreSumm's search on our layers: tiled memory, concatenated cache) is the
     reference bench_generate measures us against; with one beam, no blocking and a forced length it must
     pick exactly our tokens, or the speed comparison would compare different work."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from anchor_decode import anchor_generate
-    from hibert.modeling.generate import NEVER_GENERATED
-
     model = tiny_model(cross, copy=copy, seed=6)
     docs = random_docs(23, n_docs=3)
     gen = GenerationConfig(beam_size=1, min_length=9, max_length=9, no_repeat_ngram=0)

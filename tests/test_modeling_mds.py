@@ -4,23 +4,30 @@ independence), the cluster memory against the single-document model, training, i
 teacher forcing, and batched decoding of clusters. The ranker: tests/test_modeling_ranker.py."""
 import itertools
 import math
+import sys
 
 import numpy as np
 import pytest
 import torch
 
+from conftest import REPO
 from hibert.config.abstractive import DecoderConfig, GenerationConfig
 from hibert.config.mds import MDSConfig
 from hibert.config.model import ModelConfig
+from hibert.finetune.abstractive.data import make_abstractive_batch, make_mds_batch
 from hibert.tokens import BOS_ID, EOS_ID, PAD_ID
-from hibert.modeling.abstractive import HibertAbstractive, make_abstractive_batch, source_memory
+from hibert.modeling.abstractive import HibertAbstractive
 from hibert.tfidf import unit_graph
 from hibert.modeling.clusters import pack_clusters
 from hibert.modeling.generate import generate
 from hibert.modeling.hierarchical import GlobalEncoder, graph_weights, unit_softmax
-from hibert.modeling.mds import HibertMDS, MDSBatch, make_mds_batch
+from hibert.modeling.mds import HibertMDS, MDSBatch
 from hibert.modeling.packing import pack_documents
+from hibert.modeling.source_memory import source_memory
 from hibert.modeling.structural import matrix_tree_marginals
+
+sys.path.insert(0, str(REPO / "benchmarks"))  # the no-cache reference decoder is the benchmark's
+from recompute_decode import decode_prefix  # noqa: E402
 
 ENC = ModelConfig(name="t", hidden=32, layers=1, heads=2, vocab_size=64, dropout=0.0, max_positions=64)
 
@@ -480,7 +487,7 @@ def test_mds_trains_every_part_and_cached_decoding_equals_teacher_forcing(cross,
         assert state.num_docs == 3 and state.cache.rows == 6  # memory per cluster, never tiled over beams
         for t in range(steps):
             step = model.decode_step(inputs[:, t], state)
-            prefix = model.decode_prefix(inputs[:, : t + 1], state.memory)
+            prefix = decode_prefix(model, inputs[:, : t + 1], state.memory)
             for r in range(6):
                 if t < tf_batch.target_lens[r]:
                     worst = max(worst, (step[r] - ref[start[r] + t]).abs().max().item())

@@ -24,7 +24,7 @@ def test_wheel_install_loads_shipped_configs(repo, tmp_path):
                   and p.name != "bin") == ["hibert"]
     elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()
-    probe = ("import hibert, hibert.modeling, hibert.finetune.heads; from hibert.config import load_config; "
+    probe = ("import hibert, hibert.modeling, hibert.heads; from hibert.config import load_config; "
              "from hibert.config.load import configs_root; "
              "c = load_config('giga-cm', ['model=hibert_s', 'deepspeed=zero3']); "
              "print(hibert.__file__); print(configs_root()); print(c.model.hidden, c.deepspeed.zero_stage)")

@@ -26,15 +26,16 @@ def test_step_line_starts_with_progress_then_loss_and_has_eta():
 def _planner(costs, epochs: int, max_steps: int | None = None, epoch: int = 0, step_in_epoch: int = 0,
              global_step: int = 0):
     """Just what `Trainer.plan` and `Trainer.total_steps` read."""
+    from hibert.runtime.train_state import TrainState
     from hibert.runtime.trainer import Trainer
 
     schedule = SimpleNamespace(seed=3, batch_tokens=1000, max_docs_per_batch=64, grad_accum=1, epochs=epochs,
                                max_steps=max_steps)
     t = SimpleNamespace(cfg=SimpleNamespace(schedule=schedule), costs=costs, rt=SimpleNamespace(world_size=2),
-                        state={"epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": global_step})
+                        state=TrainState(epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step))
     t.plan = lambda e: Trainer.plan(t, e)
     t._max_steps = lambda: max_steps
-    t.total = lambda: Trainer.total_steps(t, t.plan(t.state["epoch"]))
+    t.total = lambda: Trainer.total_steps(t, t.plan(t.state.epoch))
     return t
 
 
@@ -85,9 +86,37 @@ def test_window_reports_collate_time_and_the_step_breakdown_per_step():
 
 
 def test_a_run_without_optimizer_steps_is_never_published():
-    trainer = SimpleNamespace(train_data=[], cfg=SimpleNamespace(schedule=SimpleNamespace(epochs=3)))
+    cfg = SimpleNamespace(schedule=SimpleNamespace(epochs=3))
     with pytest.raises(NothingTrained, match="no optimizer step was taken"):
-        publish(trainer, 0, {})
+        publish(cfg, None, 0, {}, selection=None, tracker=None, rt=None, train_data=[])
+
+
+def test_the_train_state_round_trips_through_a_checkpoint_and_reads_older_ones():
+    """The run state a checkpoint's marker keeps is JSON under the key names every version wrote: it comes back
+    field for field; an older checkpoint's (no evaluation fields yet, a key since dropped) resumes with the
+    defaults for what it lacks, and this process keeps its own config hash, world size and micro-batches a step."""
+    import json
+
+    from hibert.runtime.train_state import TrainState
+
+    state = TrainState(seed=3, config_hash="abc", world_size=2, micro_per_step=4, global_step=12, epoch=1,
+                       step_in_epoch=5, mlflow_run_id="r1", best=0.5, evals_without_improvement=1,
+                       candidates=[[0.5, 10, "/run/best/step_000000010.safetensors", {"valid_rouge": 0.5}]],
+                       last_eval_step=10, last_eval={"valid_rouge": 0.5},
+                       train_window=[{"loss_sum": [1.5, "float64"]}, {"loss_sum": [2.0, "float64"]}],
+                       early_stopped=True, finished=True, final_metrics={"valid_rouge": 0.5})
+    saved = json.loads(json.dumps(state.to_dict()))
+    assert TrainState.from_dict(saved) == state
+    assert saved.items() >= {"global_step": 12, "epoch": 1, "step_in_epoch": 5, "best": 0.5, "candidates":
+                             state.candidates, "evals_without_improvement": 1, "mlflow_run_id": "r1", "seed": 3,
+                             "config_hash": "abc", "world_size": 2, "micro_per_step": 4}.items()
+    old = {"global_step": 7, "epoch": 0, "step_in_epoch": 7, "best": None, "evals_without_improvement": 0,
+           "mlflow_run_id": "r0", "candidates": [[1.0, 5, "/x.safetensors"]], "seed": 3, "config_hash": "old",
+           "world_size": 4, "dropped_key": 1}
+    now = TrainState(seed=3, config_hash="new", world_size=2, micro_per_step=2)
+    now.restore(old)
+    assert now == TrainState(seed=3, config_hash="new", world_size=2, micro_per_step=2, global_step=7,
+                             step_in_epoch=7, mlflow_run_id="r0", candidates=[[1.0, 5, "/x.safetensors"]])
 
 
 CHILD = textwrap.dedent("""

@@ -218,25 +218,29 @@ class _Decoder:
         return [SimpleNamespace(sentences=["an abstract"], ids=list(range(8))) for _ in batch]
 
 
-def test_served_rows_match_the_cli_for_an_empty_document_and_none_params():
+def test_served_rows_match_the_cli_for_an_empty_document_and_none_params(tmp_path):
     """A batch of a normal text and one without sentences: integer `subwords` in every row, no NaN (the CLI
     prints 0 for the empty one); and `k=None` asks an extractive model for its own k, as None does for the
     decoding heads' params."""
     from hibert.finetune.abstractive.summarize import AbstractiveSummarizer
     from hibert.finetune.serving.pyfunc import HibertPyfunc
+    from hibert.heads import get_head
 
     summarizer = object.__new__(AbstractiveSummarizer)
     summarizer.encode, summarizer.decoder = _Encoder(), _Decoder()
     served = object.__new__(HibertPyfunc)
     served.head, served.clusters, served.max_chars = SimpleNamespace(decodes=False, name="x"), False, 10_000
-    served.summarizer = summarizer
+    served.summarizer, served.settings = summarizer, None
     out = served.predict({"id": ["a", "b"], "text": ["One. Two.", "\ufeff"]})
     records = json.loads(out.to_json(orient="records"))
     assert records == [s.record(False) for s in summarizer.summarize_all([("a", "One. Two."), ("b", "\ufeff")])]
     assert [r["subwords"] for r in records] == [8, 0] and str(out["subwords"].dtype) == "int64"
 
-    served.head = SimpleNamespace(decodes=False, name="extractive")
-    assert served._overrides({"k": None}) == {} and served._overrides({"k": 2}) == {"k": 2}
+    (tmp_path / "extractive.json").write_text(json.dumps({"top_k": 3, "trigram_blocking": True}))
+    served.head, served.export_dir, served.max_batch_size = get_head("extractive"), tmp_path, 16
+    served.settings = get_head("extractive").inference.stored(tmp_path)
+    assert served._overrides({"k": None}) == {"settings": served.settings}   # the model's own selection
+    assert served._overrides({"k": 2})["settings"].model_dump() == {"top_k": 2, "trigram_blocking": True}
     with pytest.raises(Exception, match=r"unknown params \['beam'\]"):
         served._overrides({"k": None, "beam": 3})
 

@@ -10,8 +10,8 @@ import pytest
 
 from conftest import render_in_chromium
 from hibert.errors import UserError
-from hibert.finetune.base.report import Document, documents, recording_left_out, score_systems
-from hibert.finetune.base.viewer import _picks, copy_segments, novel_bigrams, tokens, viewer_data, write_viewer
+from hibert.finetune.evaluation.report import Document, documents, recording_left_out, score_systems
+from hibert.finetune.evaluation.viewer import _picks, copy_segments, novel_bigrams, tokens, viewer_data, write_viewer
 
 SOURCE = ["The council approved the budget on Monday, officials said.", "It funds three new schools in the city."]
 SUMMARY = ["The council approved the budget.", "Three new schools in the city will be funded."]
@@ -125,8 +125,8 @@ def test_documents_without_a_summary_are_counted_logged_and_recorded(caplog):
 def test_the_evaluation_records_left_out_documents_and_model_picks_and_refuses_a_baseline_name(tmp_path):
     """The skeleton on a stub head: the count of documents left out in the report meta, the head's own picks
     in the viewer, and `--compare tfidf=...` (the name of one of its baselines) refused before any prediction."""
-    from hibert.finetune.base.evaluation import SummaryEvaluation
-    from hibert.finetune.base.report import baseline_systems
+    from hibert.finetune.evaluation.skeleton import SummaryEvaluation
+    from hibert.finetune.evaluation.report import baseline_systems
 
     source = ["Same.", "Other.", "Same."]
 

@@ -1,10 +1,10 @@
 """JSON Lines: one object a line; field names come from the source config."""
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from hibert import json_lines as JL
 from hibert.config.data import SourceConfig
 from hibert.data_prep import records as R
 from hibert.data_prep.readers.fields import record_from_fields
@@ -19,33 +19,20 @@ def checksum(source: SourceConfig, unit: str) -> str:
     return sha256_file(Path(unit))
 
 
+# the one reader's bad lines (hibert/json_lines.py) as prep's counted skip reasons
+_SKIPS = {JL.BLANK: R.EMPTY, JL.INVALID_UTF8: R.INVALID_UTF8, JL.MALFORMED_JSON: R.MALFORMED_JSON,
+          JL.NOT_OBJECT: R.MALFORMED_JSON, JL.TOO_LONG: R.TOO_LONG}
+
+
 def json_objects(unit: str, part: int, parts: int,
                  max_bytes: int | None = None) -> Iterator[tuple[int, dict] | R.Skip]:
     """(line number, object) for every line of this part of a JSON Lines file; a bad line is a counted skip."""
     with open_binary(Path(unit), max_bytes) as f:
-        for i, raw in enumerate(f):
-            if i % parts != part:
-                continue
-            line = i + 1
-            if max_bytes is not None and len(raw) > max_bytes:
-                yield R.Skip(R.TOO_LONG, unit, line, f"over {max_bytes} bytes")
-                continue
-            text = R.decode(raw)
-            if text is None:
-                yield R.Skip(R.INVALID_UTF8, unit, line)
-                continue
-            if not text.strip():
-                yield R.Skip(R.EMPTY, unit, line, "blank line")
-                continue
-            try:
-                obj = json.loads(text)
-            except (ValueError, RecursionError) as e:  # also nesting too deep, integers over Python's digit limit
-                yield R.Skip(R.MALFORMED_JSON, unit, line, f"{type(e).__name__}: {str(e)[:150]}")
-                continue
-            if not isinstance(obj, dict):
-                yield R.Skip(R.MALFORMED_JSON, unit, line, f"not an object but {type(obj).__name__}")
-                continue
-            yield line, obj
+        for got in JL.json_lines(f, part=part, parts=parts, max_bytes=max_bytes, blank_lines=True):
+            if isinstance(got, JL.BadLine):
+                yield R.Skip(_SKIPS[got.kind], unit, got.lineno, got.detail)
+            else:
+                yield got
 
 
 def read(source: SourceConfig, name: str, unit: str, max_chars: int,

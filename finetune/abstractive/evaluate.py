@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hibert.config import Config
+from hibert.config.abstractive import GenerationConfig
 from hibert.config.mds import MDSConfig
 from hibert.data_prep import DocumentDataset
 from hibert.errors import UserError
@@ -28,15 +29,15 @@ from hibert.finetune.base.clusters import (
     ranked_sentences,
     tfidf_extract,
 )
-from hibert.finetune.base.decoding import Decoder
-from hibert.finetune.base.evaluation import SummaryEvaluation
-from hibert.finetune.base.generation import generation_from_args
-from hibert.finetune.base.report import (
+from hibert.finetune.evaluation.report import (
     Document,
     documents,
 )
-from hibert.finetune.base.settings import EvalSettings
+from hibert.finetune.evaluation.skeleton import SummaryEvaluation
+from hibert.finetune.inference.decoding import Decoder
 from hibert.finetune.ranker.ranking import ranked_view
+from hibert.finetune.settings import EvalSettings
+from hibert.heads import EvalOutcome
 from hibert.redact import redact_uri
 
 log = logging.getLogger("hibert.evaluate")
@@ -46,10 +47,9 @@ class AbstractiveEvaluation(SummaryEvaluation):
     """An abstractive export on a split of documents: beam-search summaries of each document's first chunk
     next to Lead-3 and the oracle (which see the whole document), with novelty and repetition."""
 
-    def load(self):
-        model, meta = super().load()
-        self.generation = generation_from_args(meta["generation"], self.settings)
-        return model, meta
+    @property
+    def generation(self):
+        return self.resolved
 
     def view(self) -> list[Document]:
         cfg, settings = self.cfg, self.settings
@@ -88,8 +88,8 @@ class ClusterEvaluation(AbstractiveEvaluation):
     a copy holding the model's own `mds:` settings (ranking, budget, unit cap) and the command line's
     --ranking / --budget-tokens."""
 
-    def __init__(self, cfg: Config, settings: EvalSettings, export_dir: Path, ref: str, mds: bool):
-        super().__init__(cfg, settings, export_dir, ref)
+    def __init__(self, cfg: Config, settings: EvalSettings, export_dir: Path, ref: str, generation, mds: bool):
+        super().__init__(cfg, settings, export_dir, ref, generation)
         self.mds = mds
 
     def load(self):
@@ -163,3 +163,10 @@ class ClusterEvaluation(AbstractiveEvaluation):
                 "tfidf_extract": "3 sentences by tf-idf cosine to the cluster centroid, redundancy-filtered",
                 "compared_with": compared_with,
                 "dataset_manifest": self.dataset_manifest(), "finetune_run": self.meta.get("mlflow_run_id")}
+
+
+def evaluate(cfg: Config, settings: EvalSettings, local: Path, ref: str, clusters: bool,
+             generation: GenerationConfig) -> EvalOutcome:
+    if clusters:
+        return ClusterEvaluation(cfg, settings, local, ref, generation, mds=False).run()
+    return AbstractiveEvaluation(cfg, settings, local, ref, generation).run()

@@ -1,21 +1,16 @@
-"""The abstractive head's registration: HIBERT encoder + Transformer decoder on documents (the first chunk of
+"""The abstractive head's parts (registered in spec.py): HIBERT encoder + Transformer decoder on documents (the first chunk of
 each), or — on a cluster dataset — the flat multi-document baseline reading the ranked units back to back."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hibert.config import Config
 from hibert.config.model import ModelConfig
 from hibert.finetune.abstractive.data import FirstChunks
-from hibert.finetune.abstractive.evaluate import AbstractiveEvaluation, ClusterEvaluation
-from hibert.finetune.abstractive.export import load_abstractive
-from hibert.finetune.abstractive.summarize import AbstractiveSummarizer
-from hibert.finetune.abstractive.task import AbstractiveTask, pretraining_decoder
-from hibert.finetune.base.settings import EvalSettings, SummarizeSettings
-from hibert.finetune.heads import EvalOutcome, HeadError, HeadSpec, register_head
+from hibert.finetune.abstractive.task import AbstractiveTask
 from hibert.finetune.ranker.ranking import ranked_view
+from hibert.heads import HeadError
 
 if TYPE_CHECKING:  # the runtime brings DeepSpeed (~2.5 s); summarize and evaluate never need it
     from hibert.runtime.run import RunInputs
@@ -42,7 +37,6 @@ def check_has_training_data(cfg: Config, inputs: RunInputs) -> None:
 
 
 def build_task(cfg: Config, inputs: RunInputs, model_cfg: ModelConfig) -> AbstractiveTask:
-    decoder_state = pretraining_decoder(cfg, inputs.init) if cfg.finetune.init_decoder else None
     clusters = inputs.train.is_clusters
     if clusters:
         use_ranked_clusters(cfg, inputs)
@@ -52,24 +46,6 @@ def build_task(cfg: Config, inputs: RunInputs, model_cfg: ModelConfig) -> Abstra
             log.info("abstractive: %d train / %d valid documents (first chunks; %d later chunks of long documents "
                      "left out)", len(inputs.train), len(inputs.valid), inputs.train.skipped_later_chunks)
     check_has_training_data(cfg, inputs)
-    task = AbstractiveTask(cfg, model_cfg, inputs.init.state if inputs.init else None, decoder_state)
+    task = AbstractiveTask(cfg, model_cfg)
     task.reads_clusters = clusters
     return task
-
-
-def evaluate(cfg: Config, settings: EvalSettings, local: Path, ref: str, clusters: bool) -> EvalOutcome:
-    if clusters:
-        return ClusterEvaluation(cfg, settings, local, ref, mds=False).run()
-    return AbstractiveEvaluation(cfg, settings, local, ref).run()
-
-
-def summarizer(cfg: Config, local: Path, device: str, generation, settings: SummarizeSettings):
-    return AbstractiveSummarizer(local, device, cfg.data.segmenter.stanza_dir, lambda base: generation)
-
-
-SPEC = register_head(HeadSpec(
-    name="abstractive", title="abstractive finetuning", registered_model="hibert-abstractive",
-    build_task=build_task, evaluate=evaluate, summarizer=summarizer, decodes=True,
-    load=load_abstractive, config_sections=("decoder", "generation", "mds"),
-    export_files=("decoder.safetensors", "abstractive.json", "generation.json")))
-

@@ -1,6 +1,6 @@
 """What abstractive users look at besides ROUGE: how much of a summary is new with respect to its source
 (novel n-gram rates, See et al. 2017 §7.2), how long it is, and how much it repeats itself. N-grams are of the
-viewer's tokens (`base.viewer.tokens`: words and punctuation marks apart, lowercased, NFKC-normalised, so a
+viewer's tokens (`evaluation.viewer.tokens`: words and punctuation marks apart, lowercased, NFKC-normalised, so a
 decoder's "fi" matches a source's ligature and "budget." the source's "budget"); they never cross a sentence
 boundary (an extract made of source sentences has no novel n-grams); a summary's n-grams are counted with
 repeats, as in the papers' tables. Length (`mean_words`) is in whitespace-separated words."""
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hibert.finetune.base.viewer import tokens
+from hibert.finetune.evaluation.viewer import tokens
 
 
 def words(text: str) -> list[str]:

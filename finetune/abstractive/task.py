@@ -20,20 +20,20 @@ from safetensors.torch import save_file
 from hibert.config import Config
 from hibert.config.model import ModelConfig
 from hibert.errors import UserError
-from hibert.finetune.abstractive.data import target_ids
-from hibert.finetune.abstractive.export import (
+from hibert.finetune.abstractive.data import make_abstractive_batch, target_ids
+from hibert.finetune.abstractive.settings import (
     DECODER_CONFIG,
     DECODER_WEIGHTS,
     GENERATION_CONFIG,
 )
-from hibert.finetune.base.decoding import Decoder
-from hibert.finetune.base.rouge import Rouge
 from hibert.finetune.base.task import EncoderHead, encoder_and_head_groups
+from hibert.finetune.evaluation.rouge import Rouge
+from hibert.finetune.inference.decoding import Decoder
 from hibert.finetune.ranker.ranking import trained_mds_settings
 from hibert.modeling import flops_per_batch
-from hibert.modeling.abstractive import HibertAbstractive, make_abstractive_batch
-from hibert.runtime.export import gather_fp32_state_dict, load_encoder, read_weights
-from hibert.runtime.task import LoaderItem, ParamGroup, TokenNLLTask
+from hibert.modeling.abstractive import HibertAbstractive
+from hibert.runtime.export import InitModel, gather_fp32_state_dict, read_weights
+from hibert.runtime.task import EvalContext, LoaderItem, ParamGroup, TokenNLLTask
 
 
 class AbstractiveTask(EncoderHead, TokenNLLTask):
@@ -41,17 +41,12 @@ class AbstractiveTask(EncoderHead, TokenNLLTask):
     eval_metric = "valid_rouge"
     eval_mode = "max"
 
-    def __init__(self, cfg: Config, model_cfg: ModelConfig, init_state: dict[str, torch.Tensor] | None = None,
-                 init_decoder_state: dict[str, torch.Tensor] | None = None):
+    def __init__(self, cfg: Config, model_cfg: ModelConfig):
         self.cfg, self.model_cfg = cfg, model_cfg
-        self.init_state, self.init_decoder_state = init_state, init_decoder_state
         self._word_start: np.ndarray | None = None
         self.reads_clusters = False   # the flat multi-document baseline: ranked units back to back
         if cfg.decoder.coverage:      # every rank has the same config: the stat all-reduces line up
             self.stat_keys = (*TokenNLLTask.stat_keys, "coverage_sum")
-
-
-
 
     # ---------------------------------------------------------------- model
     def new_model(self) -> torch.nn.Module:
@@ -59,16 +54,18 @@ class AbstractiveTask(EncoderHead, TokenNLLTask):
 
     def build_model(self) -> torch.nn.Module:
         model = self.new_model()
-        if self.init_state is not None:
-            load_encoder(model.encoder, self.init_state)
-        if self.init_decoder_state is not None:
-            model.load_pretraining_decoder(self.init_decoder_state)
         if self.cfg.deepspeed.zero_stage == 3:
-            import deepspeed
+            import deepspeed  # only under ZeRO-3; importing it costs ~2.5 s
 
             # The decoder reads the (tied) token table outside the embedding's own forward.
             deepspeed.zero.register_external_parameter(model, model.encoder.token_embedding.weight)
         return model
+
+    def init_from(self, model: torch.nn.Module, init: InitModel | None) -> None:
+        """The init export's encoder, and with finetune.init_decoder its masked-sentence decoder."""
+        super().init_from(model, init)
+        if self.cfg.finetune.init_decoder:
+            model.load_pretraining_decoder(pretraining_decoder(self.cfg, init))
 
     def param_groups(self, model: torch.nn.Module, cfg: Config) -> list[ParamGroup]:
         return encoder_and_head_groups(model, cfg, "decoder.")
@@ -95,12 +92,12 @@ class AbstractiveTask(EncoderHead, TokenNLLTask):
         return {"label_smoothing": self.cfg.objective.label_smoothing}
 
     # ---------------------------------------------------------------- evaluation
-    def evaluate(self, trainer) -> dict[str, float]:
-        metrics = super().evaluate(trainer)
-        full = gather_fp32_state_dict(trainer.engine.module, "")
+    def evaluate(self, ctx: EvalContext) -> dict[str, float]:
+        metrics = super().evaluate(ctx)
+        full = gather_fp32_state_dict(ctx.engine.module, "")
         box = [None]
-        if trainer.rt.is_main:
-            box = [self.decode_rouge(full, trainer.valid_data, trainer.rt.device)]
+        if ctx.is_main:
+            box = [self.decode_rouge(full, ctx.valid_data, ctx.device)]
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.broadcast_object_list(box, src=0)  # every rank takes the same early-stopping decision
         return {**metrics, **box[0]}
@@ -141,7 +138,7 @@ class AbstractiveTask(EncoderHead, TokenNLLTask):
                                                                   indent=1))
 
 
-def pretraining_decoder(cfg: Config, init) -> dict[str, torch.Tensor]:
+def pretraining_decoder(cfg: Config, init: InitModel | None) -> dict[str, torch.Tensor]:
     """The masked-sentence decoder exported next to a pretrained encoder (finetune.init_decoder)."""
     path = None if init is None else Path(init.local_dir) / "decoder.safetensors"
     if path is None or not path.is_file():

@@ -16,11 +16,9 @@ import numpy as np
 from hibert import tfidf
 from hibert.config.mds import BUILTIN_RANKINGS, MDSConfig
 from hibert.finetune.base.views import RowView
+from hibert.finetune.evaluation.report import Document
 from hibert.tfidf import unit_graph
 from hibert.tokens import SEP_ID  # noqa: F401  (re-exported for the tasks' targets)
-
-from hibert.finetune.base.report import Document
-
 
 
 def tfidf_scores(unit_texts: Sequence[str], query: str | None = None) -> np.ndarray:

@@ -1,6 +1,5 @@
-"""Reading an export: the one loader of a head's export (encoder + the head's files) and its JSON settings
-files, where a damaged file is one `ValueError` line naming it, worded as the config loader words its
-errors."""
+"""Reading an export: the one loader of a head's export (encoder + the head's files); its JSON settings files
+are read by hibert/json_files.py."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -8,24 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import ValidationError
 
-from hibert.config.load import format_validation_error
 from hibert.config.model import ModelConfig
-from hibert.runtime.export import load_encoder, read_export, read_json_object, read_weights
-
-
-def read_json(path: Path) -> Any:
-    """A head's JSON settings file, which must hold an object (`UserError` naming it otherwise)."""
-    return read_json_object(path)
-
-
-def validated(schema, data, path: Path):
-    """`schema.model_validate(data)`, its errors as the config loader words them (one line for one problem)."""
-    try:
-        return schema.model_validate(data)
-    except ValidationError as e:
-        raise ValueError(format_validation_error(e, str(path))) from None
+from hibert.runtime.export import load_encoder, read_export, read_weights
 
 
 def load_head_export(export_dir: Path, device: torch.device | str, *, weights: str, required: tuple[str, ...],

@@ -1,13 +1,13 @@
-"""What every head's `Task` shares: an encoder (loaded from `run.init`) under a head, the registered model its
-head spec names, the `finetuned` alias, and the encoder/head optimizer groups."""
+"""What every head's `Task` shares: an encoder under a head (the runtime loads `run.init`'s into `model.encoder`),
+the registered model its head spec names, the `finetuned` alias, and the encoder/head optimizer groups."""
 from __future__ import annotations
 
 import torch
 
 from hibert.config import Config
 from hibert.config.model import ModelConfig
-from hibert.finetune.heads import get_head
-from hibert.runtime.export import load_encoder
+from hibert.finetune.serving.flavor import write_pyfunc_flavor
+from hibert.heads import get_head
 from hibert.runtime.task import ParamGroup, decay_groups
 
 
@@ -16,7 +16,6 @@ class EncoderHead:
     name: str
     cfg: Config
     model_cfg: ModelConfig
-    init_state: dict[str, torch.Tensor] | None
 
     def model_config(self) -> ModelConfig:
         return self.model_cfg
@@ -29,15 +28,8 @@ class EncoderHead:
 
     def write_export_flavors(self, out_dir) -> None:
         """A head that summarizes is also an MLflow pyfunc model (finetune/serving/flavor.py)."""
-        from hibert.finetune.serving.flavor import write_pyfunc_flavor
 
         write_pyfunc_flavor(out_dir)
-
-    def load_init_encoder(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The `run.init` encoder's weights into `model.encoder` (none: random init)."""
-        if self.init_state is not None:
-            load_encoder(model.encoder, self.init_state)
-        return model
 
 
 def encoder_and_head_groups(model: torch.nn.Module, cfg: Config, head_prefix: str) -> list[ParamGroup]:

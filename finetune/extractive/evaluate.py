@@ -10,16 +10,20 @@ from typing import Any
 
 import numpy as np
 
+from hibert.config import Config
 from hibert.data_prep import DocumentDataset
 from hibert.errors import UserError
-from hibert.finetune.base.evaluation import SummaryEvaluation
-from hibert.finetune.base.report import (
+from hibert.finetune.base.selection import select
+from hibert.finetune.evaluation.report import (
     Document,
     documents,
 )
-from hibert.finetune.base.rouge import Rouge
-from hibert.finetune.base.selection import select
+from hibert.finetune.evaluation.rouge import Rouge
+from hibert.finetune.evaluation.skeleton import SummaryEvaluation
 from hibert.finetune.extractive.export import score_split
+from hibert.finetune.extractive.settings import ExtractiveSelection
+from hibert.finetune.settings import EvalSettings
+from hibert.heads import EvalOutcome, HeadError
 from hibert.redact import redact_uri
 
 log = logging.getLogger("hibert.evaluate")
@@ -65,12 +69,11 @@ class ExtractiveEvaluation(SummaryEvaluation):
     on 'valid' unless `settings.no_tune`) next to Lead-3 and the oracle."""
 
     def view(self) -> list[Document]:
-        cfg, settings, selection = self.cfg, self.settings, self.meta["selection"]
+        cfg, settings, selection = self.cfg, self.settings, self.resolved
         self.test = DocumentDataset(cfg.data.dataset_dir, settings.split)
         if len(self.test) == 0:
             raise UserError(f"hibert evaluate: split {settings.split!r} of {cfg.data.dataset_dir} is empty")
-        self.k = selection.get("top_k", cfg.objective.top_k)
-        self.trigram_blocking = selection.get("trigram_blocking", False)
+        self.k, self.trigram_blocking = selection.top_k, selection.trigram_blocking
         self.tuning = None
         if not settings.no_tune:
             valid = DocumentDataset(cfg.data.dataset_dir, "valid")
@@ -87,7 +90,7 @@ class ExtractiveEvaluation(SummaryEvaluation):
         return [[d.sentences[j] for j in p] for d, p in zip(docs, picks)]
 
     def report_meta(self, compared_with: list[str]) -> dict[str, Any]:
-        return {"model": redact_uri(self.ref), "encoder_init": self.meta.get("init"),
+        return {"task": "extractive", "model": redact_uri(self.ref), "encoder_init": self.meta.get("init"),
                 "dataset": str(self.cfg.data.dataset_dir), "split": self.settings.split, "k": self.k,
                 "trigram_blocking": self.trigram_blocking, "dataset_manifest": self.dataset_manifest(),
                 "finetune_run": self.meta.get("mlflow_run_id")}
@@ -95,3 +98,11 @@ class ExtractiveEvaluation(SummaryEvaluation):
     def write_extras(self, out: Path) -> None:
         if self.tuning:
             (out / "tuning.json").write_text(json.dumps(self.tuning, indent=1))
+
+
+def evaluate(cfg: Config, settings: EvalSettings, local: Path, ref: str, clusters: bool,
+             selection: ExtractiveSelection) -> EvalOutcome:
+    if clusters:
+        raise HeadError(f"hibert evaluate: {ref} is an extractive model; {cfg.data.dataset_dir} holds clusters "
+                        "(evaluate a ranker, mds or abstractive model on it)")
+    return ExtractiveEvaluation(cfg, settings, local, ref, selection).run()

@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from hibert.finetune.base.exports import load_head_export, read_json
+from hibert.finetune.base.exports import load_head_export
+from hibert.json_files import read_json_object
 from hibert.modeling import HibertExtractive, pack_documents
 from hibert.runtime.batching import doc_costs, plan_epoch
 
@@ -29,7 +30,7 @@ def load_extractive(export_dir: Path, device: torch.device | str = "cpu") -> tup
         missing=lambda d, name: f"{d} holds an encoder but no extractive head ({name}): pass a model produced by "
                                 "`hibert finetune`")
     settings_path = export_dir / "extractive.json"
-    settings = read_json(settings_path) if settings_path.is_file() else {}
+    settings = read_json_object(settings_path) if settings_path.is_file() else {}
     return model, {**meta, "selection": settings, "model": model_cfg.model_dump()}
 
 

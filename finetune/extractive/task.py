@@ -21,7 +21,7 @@ from hibert.finetune.extractive.evaluate import rouge_of_selection
 from hibert.finetune.extractive.export import sentence_scores
 from hibert.modeling import HibertExtractive, flops_per_batch, pack_documents
 from hibert.modeling.packing import PackedDocuments, TensorBundle
-from hibert.runtime.task import LoaderItem, Task
+from hibert.runtime.task import EvalContext, LoaderItem, Task
 
 
 @dataclass
@@ -36,16 +36,11 @@ class ExtractiveTask(EncoderHead, Task):
     eval_mode = "max"
     stat_keys = ("loss_sum", "num_sentences", "correct")
 
-    def __init__(self, cfg: Config, model_cfg: ModelConfig, init_state: dict[str, torch.Tensor] | None = None):
-        self.cfg, self.model_cfg, self.init_state = cfg, model_cfg, init_state
-
-
-
+    def __init__(self, cfg: Config, model_cfg: ModelConfig):
+        self.cfg, self.model_cfg = cfg, model_cfg
 
     def build_model(self) -> torch.nn.Module:
-        model = HibertExtractive(self.model_cfg)
-        self.load_init_encoder(model)
-        return model
+        return HibertExtractive(self.model_cfg)
 
     def make_item(self, dataset, doc_indices: np.ndarray, epoch: int) -> LoaderItem:
         docs, labels = [], []
@@ -81,11 +76,11 @@ class ExtractiveTask(EncoderHead, Task):
             return {}
         return {f"{prefix}loss": sums["loss_sum"] / n, f"{prefix}accuracy": sums["correct"] / n}
 
-    def predict_chunks(self, trainer, data) -> dict[int, np.ndarray]:
+    def predict_chunks(self, ctx: EvalContext, data) -> dict[int, np.ndarray]:
         """Collective: sentence scores for every chunk of `data`, complete on rank 0."""
         mine: dict[int, np.ndarray] = {}
-        for item, counted in trainer.valid_items(data):
-            self.loss(trainer.engine, item)
+        for item, counted in ctx.items(data):
+            self.loss(ctx.engine, item)
             if not counted:
                 continue
             scores = item.extra["scores"].float().cpu().numpy()
@@ -99,12 +94,12 @@ class ExtractiveTask(EncoderHead, Task):
             mine = {k: v for p in parts for k, v in p.items()}
         return mine
 
-    def evaluate(self, trainer) -> dict[str, float]:
-        metrics = super().evaluate(trainer)
-        scores = self.predict_chunks(trainer, trainer.valid_data)
+    def evaluate(self, ctx: EvalContext) -> dict[str, float]:
+        metrics = super().evaluate(ctx)
+        scores = self.predict_chunks(ctx, ctx.valid_data)
         box = [None]
-        if trainer.rt.is_main:
-            r = rouge_of_selection(trainer.valid_data, scores, self.cfg.objective.top_k,
+        if ctx.is_main:
+            r = rouge_of_selection(ctx.valid_data, scores, self.cfg.objective.top_k,
                                    self.cfg.objective.trigram_blocking)
             box = [{"valid_rouge1": r["rouge1_f"], "valid_rouge2": r["rouge2_f"], "valid_rougeL": r["rougeL_f"],
                     "valid_rouge": (r["rouge1_f"] + r["rouge2_f"] + r["rougeL_f"]) / 3}]

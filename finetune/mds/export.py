@@ -9,12 +9,12 @@ import torch
 
 from hibert.config.abstractive import DecoderConfig
 from hibert.config.mds import MDSConfig
-from hibert.finetune.abstractive.export import (
+from hibert.finetune.abstractive.settings import (
     DECODER_CONFIG,
     DECODER_WEIGHTS,
-    stored_generation,
 )
-from hibert.finetune.base.exports import load_head_export, read_json
+from hibert.finetune.base.exports import load_head_export
+from hibert.json_files import read_json_object
 from hibert.modeling.mds import HibertMDS
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ def stored_mds_config(stored: dict[str, Any]) -> MDSConfig:
 def stored_mds_settings(export_dir: Path) -> MDSConfig:
     """An mds export's `mds:` settings (mds.json), read without loading any weights."""
     path = Path(export_dir) / MDS_CONFIG
-    stored = read_json(path)
+    stored = read_json_object(path)
     if not isinstance(stored, dict) or not isinstance(stored.get("mds"), dict):
         raise ValueError(f"{path} has no 'mds' section (a damaged export)")
     return stored_mds_config(stored["mds"])
@@ -49,8 +49,8 @@ def load_mds(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torc
     settings: dict[str, Any] = {}
 
     def build(model_cfg):
-        settings.update(read_json(export_dir / DECODER_CONFIG))
-        settings["mds"] = stored_mds_config(read_json(export_dir / MDS_CONFIG)["mds"])
+        settings.update(read_json_object(export_dir / DECODER_CONFIG))
+        settings["mds"] = stored_mds_config(read_json_object(export_dir / MDS_CONFIG)["mds"])
         return HibertMDS(model_cfg, DecoderConfig.model_validate(settings["decoder"]), settings["mds"])
 
     model, meta, model_cfg = load_head_export(
@@ -58,5 +58,5 @@ def load_mds(export_dir: Path, device: torch.device | str = "cpu") -> tuple[torc
         build=build, missing=lambda d, name: f"{d} has no {name}: pass a model produced by "
                                              "`hibert finetune finetune.task=mds`")
     mds = settings.pop("mds")
-    return model, {**meta, "generation": stored_generation(export_dir), "decoder": settings, "mds": mds,
+    return model, {**meta, "decoder": settings, "mds": mds,
                    "model": model_cfg.model_dump()}

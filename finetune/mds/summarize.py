@@ -6,12 +6,18 @@ from pathlib import Path
 
 import numpy as np
 
+from hibert.config import Config
+from hibert.config.abstractive import GenerationConfig
+from hibert.config.mds import ranking_kind
 from hibert.data_prep.units import windows
+from hibert.finetune.abstractive.settings import stored_generation
 from hibert.finetune.base.clusters import budget_cut, rank_order, tfidf_scores, units_graph
-from hibert.finetune.base.decoding import Decoder
-from hibert.finetune.base.text import Summary, TextEncoder
-from hibert.finetune.mds.export import load_mds
+from hibert.finetune.inference.decoding import Decoder
+from hibert.finetune.inference.text import Summary, TextEncoder
+from hibert.finetune.mds.export import load_mds, stored_mds_settings
 from hibert.finetune.ranker.export import load_ranker, score_clusters
+from hibert.finetune.settings import SummarizeSettings
+from hibert.registry import resolve_model, tracking_uri
 
 
 class ClusterSummarizer:
@@ -23,7 +29,7 @@ class ClusterSummarizer:
                  ranking: str | None = None, ranker_dir: Path | None = None):
 
         model, meta = load_mds(export_dir, device)
-        self.generation = generation(meta["generation"]) if callable(generation) else meta["generation"]
+        self.generation = generation or stored_generation(export_dir)
         self.mds = meta["mds"]
         self.ranking = ranking or self.mds.ranking
         self.max_unit_sentences = int(meta.get("data", {}).get("clusters", {}).get("max_unit_sentences", 5))
@@ -45,8 +51,8 @@ class ClusterSummarizer:
                     ids.append(x[a:b])
         return texts, ids, any_ptb
 
-    def summarize_all(self, clusters: list[tuple[str, list[str]]], generation=None) -> list[Summary]:
-        """One abstract per (id, documents); `generation`: decoding settings for this call (default: loaded)."""
+    def summarize_all(self, clusters: list[tuple[str, list[str]]], settings=None) -> list[Summary]:
+        """One abstract per (id, documents); `settings`: the decoding of this call (default: the loaded one)."""
         prepared = [self.units(docs, cid) for cid, docs in clusters]
         todo = [i for i, (t, _, _) in enumerate(prepared) if t]
         chosen = {}
@@ -67,7 +73,7 @@ class ClusterSummarizer:
         graphs = None
         if self.mds.graph_attention:
             graphs = [units_graph(t, c, self.mds) for t, c in zip(batch_texts, batch)]
-        decoded = self.decoder.summarize_ids(batch, generation, graphs=graphs)
+        decoded = self.decoder.summarize_ids(batch, settings, graphs=graphs)
         out = [Summary(cid, [], [], 0, "no sentences found", 0) for cid, _ in clusters]  # 0: every row has the key
         for i, d in zip(todo, decoded):
             texts, _, ptb = prepared[i]
@@ -76,3 +82,15 @@ class ClusterSummarizer:
                     [f"read {len(chosen[i])} of {n_units} units ({len(clusters[i][1])} documents)"]
             out[i] = Summary(clusters[i][0], d.sentences, [], n_sents, "; ".join(notes), len(d.ids))
         return out
+
+
+def summarizer(cfg: Config, local: Path, device: str, generation: GenerationConfig,
+               settings: SummarizeSettings) -> ClusterSummarizer:
+    """Units ranked as `--ranking` says, else as the model was trained (a learned ranker is resolved here)."""
+    ranking = settings.ranking or stored_mds_settings(local).ranking
+    ranker_dir = None
+    if ranking_kind(ranking) == "learned":
+        ranker_dir = resolve_model(ranking, tracking_uri(cfg.tracking.uri, cfg.run.output_dir),
+                                   cfg.run_dir / "summarize-ranker")
+    return ClusterSummarizer(local, device, cfg.data.segmenter.stanza_dir, generation, ranking,
+                             ranker_dir)

@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hibert.finetune.abstractive.data import target_ids
+from hibert.finetune.abstractive.data import make_mds_batch, target_ids
 from hibert.finetune.abstractive.task import AbstractiveTask
 from hibert.finetune.base.clusters import cluster_graphs
 from hibert.finetune.mds.export import MDS_CONFIG
 from hibert.finetune.ranker.ranking import trained_mds_settings
 from hibert.modeling import flops_per_batch
-from hibert.modeling.mds import HibertMDS, make_mds_batch
+from hibert.modeling.mds import HibertMDS
 from hibert.runtime.task import LoaderItem
 
 

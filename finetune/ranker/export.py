@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from hibert.config.mds import MDSConfig
-from hibert.finetune.base.exports import load_head_export, read_json
+from hibert.finetune.base.exports import load_head_export
+from hibert.json_files import read_json_object
 from hibert.modeling.ranker import HibertRanker, ranker_input
 
 RANKER_WEIGHTS = "ranker.safetensors"
@@ -55,7 +56,7 @@ def load_ranker(export_dir: Path, device: torch.device | str = "cpu") -> tuple[t
     settings = {}
 
     def build(model_cfg):
-        settings["mds"] = MDSConfig.from_export(read_json(export_dir / RANKER_CONFIG)["mds"])
+        settings["mds"] = MDSConfig.from_export(read_json_object(export_dir / RANKER_CONFIG)["mds"])
         return HibertRanker(model_cfg, settings["mds"].ranker_pool)
 
     model, meta, model_cfg = load_head_export(

@@ -25,8 +25,8 @@ from hibert.finetune.ranker.metrics import ranking_table
 from hibert.modeling import flops_per_batch
 from hibert.modeling.packing import TensorBundle
 from hibert.modeling.ranker import HibertRanker, RankerInput, ranker_input, ranker_loss
-from hibert.runtime.export import gather_fp32_state_dict, load_encoder
-from hibert.runtime.task import LoaderItem, ParamGroup, Task
+from hibert.runtime.export import gather_fp32_state_dict
+from hibert.runtime.task import EvalContext, LoaderItem, ParamGroup, Task
 
 
 @dataclass
@@ -41,20 +41,14 @@ class RankerTask(EncoderHead, Task):
     eval_mode = "max"
     stat_keys = ("loss_sum", "clusters")
 
-    def __init__(self, cfg: Config, model_cfg: ModelConfig, init_state: dict[str, Tensor] | None = None):
-        self.cfg, self.model_cfg, self.init_state = cfg, model_cfg, init_state
-
-
-
+    def __init__(self, cfg: Config, model_cfg: ModelConfig):
+        self.cfg, self.model_cfg = cfg, model_cfg
 
     def new_model(self) -> torch.nn.Module:
         return HibertRanker(self.model_cfg, self.cfg.mds.ranker_pool)
 
     def build_model(self) -> torch.nn.Module:
-        model = self.new_model()
-        if self.init_state is not None:
-            load_encoder(model.encoder, self.init_state)
-        return model
+        return self.new_model()
 
     def param_groups(self, model: torch.nn.Module, cfg: Config) -> list[ParamGroup]:
         return encoder_and_head_groups(model, cfg, "head.")
@@ -90,12 +84,12 @@ class RankerTask(EncoderHead, Task):
         return {f"{prefix}loss": sums["loss_sum"] / n} if n > 0 else {}
 
     # ---------------------------------------------------------------- evaluation
-    def evaluate(self, trainer) -> dict[str, float]:
-        metrics = super().evaluate(trainer)
-        full = gather_fp32_state_dict(trainer.engine.module, "")
+    def evaluate(self, ctx: EvalContext) -> dict[str, float]:
+        metrics = super().evaluate(ctx)
+        full = gather_fp32_state_dict(ctx.engine.module, "")
         box = [None]
-        if trainer.rt.is_main:
-            box = [self.selection_metrics(full, trainer.valid_data, trainer.rt.device)]
+        if ctx.is_main:
+            box = [self.selection_metrics(full, ctx.valid_data, ctx.device)]
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.broadcast_object_list(box, src=0)
         return {**metrics, **box[0]}

@@ -11,41 +11,28 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from hibert.finetune.base.generation import DECODING_FLAGS
-from hibert.finetune.heads import HeadSpec, head_of_export
+from hibert.finetune.inference.flags import resolve_settings, served_params
+from hibert.heads import HeadSpec, head_of_export
 
 LOADER_MODULE = "hibert.finetune.serving.pyfunc"
 # the settings a loader may give (pyfunc._load_pyfunc): MLflow passes a load-time model_config (or
 # MLFLOW_PYFUNC_INFERENCE_CONFIG's) on only for keys the MLmodel declares; None means the default
 MODEL_CONFIG: dict[str, Any] = {"stanza_dir": None, "device": None, "max_batch_size": None}
 PACKAGE = "hibert-platform"
+_PARAM_TYPES = {bool: "boolean", int: "long", float: "double", str: "string"}
 # a short news paragraph: what the served model reads (no corpus text is copied into the model)
 EXAMPLE_TEXT = ("The city council approved a new budget on Tuesday after months of debate. The plan raises "
                 "spending on schools and roads. Opponents said the tax increase would hurt small businesses.")
 
 
-def decoding_params() -> dict[str, tuple[str, str]]:
-    """pyfunc param name (the CLI flag without dashes: beam, min_len, ...) -> (`generation:` field, flag)."""
-    return {dest: (name, flag) for flag, (dest, name) in DECODING_FLAGS.items()}
-
-
 def param_defaults(head: HeadSpec, export_dir: Path) -> dict[str, Any]:
-    """The params a head's pyfunc takes, with the export's own settings as defaults (a request that gives
-    none decodes exactly as `hibert summarize` without flags)."""
-    if head.decodes:
-        from hibert.finetune.abstractive.export import stored_generation
-
-        gen = stored_generation(export_dir).model_dump()
-        return {dest: gen[name] for dest, (name, _) in decoding_params().items()}
-    if head.name == "extractive":
-        from hibert.finetune.base.exports import read_json
-
-        path = Path(export_dir) / "extractive.json"
-        return {"k": int((read_json(path) if path.is_file() else {}).get("top_k", 3))}
-    return {}
+    """The params a head's pyfunc takes (its inference settings' flags without dashes), with the export's own
+    settings as defaults: a request that gives none is served exactly as `hibert summarize` without flags."""
+    return served_params(head, resolve_settings(head, export_dir, {}))
 
 
 def signature(head: HeadSpec, export_dir: Path):
+    # lazy (here and below): MLflow ~1 s, pandas; a training rank imports this module and calls them once, at export
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
     from mlflow.types.schema import Array
@@ -56,7 +43,7 @@ def signature(head: HeadSpec, export_dir: Path):
         inputs = Schema([ColSpec("string", "text"), ColSpec("string", "id", required=False)])
     outputs = Schema([ColSpec("string", "id"), ColSpec(Array("string"), "summary"),
                       ColSpec("long", "num_sentences"), ColSpec("string", "note")])
-    params = ParamSchema([ParamSpec(name, "double" if isinstance(v, float) else "long", v)
+    params = ParamSchema([ParamSpec(name, _PARAM_TYPES[type(v)], v)
                           for name, v in param_defaults(head, export_dir).items()])
     return ModelSignature(inputs=inputs, outputs=outputs, params=params)
 

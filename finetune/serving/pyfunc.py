@@ -4,8 +4,8 @@
 
 Input: a DataFrame with a `text` column (documents heads) or a `documents` column of string lists (a
 multi-document head), and an optional `id` column. Params: the decoding settings under the CLI flags' names
-(beam, min_len, max_len, length_penalty, no_repeat_ngram, max_word_pieces, batch_size) or `k` (extractive),
-checked against the same bounds as the flags. Output: one row per input with `id`, `summary` (its sentences),
+(beam, min_len, max_len, length_penalty, no_repeat_ngram, max_word_pieces, batch_size; `k` of an extract): a
+head's inference settings under its flags' names (finetune/inference/flags.py), checked as the flags are. Output: one row per input with `id`, `summary` (its sentences),
 `num_sentences`, `note` (and `indices` for extractive picks, `subwords` for abstracts) — what `hibert
 summarize --json` prints for the same text. Bad input raises MlflowException(INVALID_PARAMETER_VALUE), which
 the scoring server answers with 400 and the message.
@@ -17,6 +17,25 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
+import torch
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+from hibert.config import Config
+from hibert.finetune.inference.flags import (
+    SettingError,
+    check_flags,
+    flags_as_params,
+    params_to_flags,
+    resolve_settings,
+)
+from hibert.finetune.inference.fluency import fluency_note
+from hibert.finetune.inference.text import InputError, check_length, max_doc_chars
+from hibert.finetune.settings import SummarizeSettings
+from hibert.heads import head_of_export
+
 log = logging.getLogger("hibert.serving")
 # documents a server decodes together at most, whatever a request asks: the decoding state of one document of
 # HIBERT_M is ~30 MB, so a client must not choose it. An operator raises it (a GPU server wants hundreds) through
@@ -25,10 +44,7 @@ log = logging.getLogger("hibert.serving")
 SERVING_MAX_BATCH = 16
 
 
-def _bad(message: str):
-    from mlflow.exceptions import MlflowException
-    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
-
+def _bad(message: str) -> MlflowException:
     return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
 
 
@@ -52,15 +68,6 @@ class HibertPyfunc:
 
     def __init__(self, export_dir: str | Path, stanza_dir: str | None = None, device: str | None = None,
                  max_batch_size: int | None = None):
-        import torch
-
-        from hibert.config import Config
-        from hibert.finetune.abstractive.export import generation_for_export
-        from hibert.finetune.base.fluency import fluency_note
-        from hibert.finetune.base.settings import SummarizeSettings
-        from hibert.finetune.base.text import max_doc_chars
-        from hibert.finetune.heads import head_of_export
-
         self.export_dir = Path(export_dir)
         self.max_batch_size = _max_batch(max_batch_size)
         self.head = head_of_export(self.export_dir)
@@ -73,23 +80,18 @@ class HibertPyfunc:
         # a learned ranker of an mds model resolves through $MLFLOW_TRACKING_URI into a scratch directory
         self._scratch = tempfile.TemporaryDirectory(prefix="hibert-pyfunc-")   # removed with this object
         cfg.run.output_dir = self._scratch.name
-        settings = SummarizeSettings()
-        generation = generation_for_export(self.export_dir, settings) if self.head.decodes else None
+        own = resolve_settings(self.head, self.export_dir, {})
         # the model's own batch size: MLflow fills a param a request leaves out with the signature's default
-        self.default_batch = generation.batch_size if generation is not None else None
+        self.default_batch = getattr(own, "batch_size", None)
+        self.settings = self._bounded(own, None) if own is not None else None
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.summarizer = self.head.summarizer(cfg, self.export_dir, device, generation, settings)
+        self.summarizer = self.head.summarizer(cfg, self.export_dir, device, self.settings, SummarizeSettings())
         note = fluency_note(self.export_dir) if self.head.decodes else None
         if note:
             log.warning("%s", note)
 
     # ---------------------------------------------------------------------------------------------- input
     def _rows(self, model_input) -> list[tuple[str, Any]]:
-        import numpy as np
-        import pandas as pd
-
-        from hibert.finetune.base.text import InputError, check_length
-
         df = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
         column = "documents" if self.clusters else "text"
         if column not in df.columns:
@@ -125,53 +127,31 @@ class HibertPyfunc:
         return rows
 
     def _overrides(self, params: dict[str, Any] | None) -> dict[str, Any]:
-        """params -> the summarizer's per-call settings (`generation` or `k`), checked like the CLI flags."""
-        from hibert.finetune.abstractive.export import generation_for_export
-        from hibert.finetune.base.generation import DecodingFlagError
-        from hibert.finetune.base.settings import DecodingFlags
-        from hibert.finetune.serving.flavor import decoding_params
-
-        params = dict(params or {})
-        if self.head.decodes:
-            names = decoding_params()
-            unknown = sorted(set(params) - set(names))
-            if unknown:
-                raise _bad(f"unknown params {unknown}: this model takes {sorted(names)}")
-            flags = DecodingFlags({names[k][0]: v for k, v in params.items() if v is not None})
-            try:
-                generation = generation_for_export(self.export_dir, flags)
-            except DecodingFlagError as e:
-                message = str(e)
-                for dest, (_, flag) in sorted(names.items(), key=lambda kv: -len(kv[1][1])):
-                    message = message.replace(flag, f"params.{dest}")
-                raise _bad(message) from None
-            return {"generation": self._bounded(generation, params.get("batch_size"))}
-        unknown = sorted(set(params) - {"k"})
-        if unknown:
-            raise _bad(f"unknown params {unknown}: this model takes ['k']")
-        if params.get("k") is None:   # None: the model's own k, as None is the default for the decoding heads
+        """params -> the summarizer's settings for this call, checked as the CLI's flags are (messages name the
+        params); none: the head takes no settings."""
+        if self.settings is None and not params:
             return {}
-        if int(params["k"]) < 1:
-            raise _bad(f"params.k {params['k']}: must be >= 1")
-        return {"k": int(params["k"])}
+        try:
+            given = params_to_flags(self.head, dict(params or {}))
+            check_flags(given)
+            resolved = resolve_settings(self.head, self.export_dir, given) if given else self.settings
+        except SettingError as e:
+            raise _bad(flags_as_params(str(e), self.head)) from None
+        return {"settings": self._bounded(resolved, (params or {}).get("batch_size"))}
 
-    def _bounded(self, generation, requested: Any):
+    def _bounded(self, settings, requested: Any):
         """The server, not its clients, bounds the memory of a request: a batch_size asked for above the server's
         max_batch_size is refused; the model's own default above it is lowered to it (outputs do not depend on
         the batch)."""
-        if generation.batch_size <= self.max_batch_size:
-            return generation
+        if getattr(settings, "batch_size", None) is None or settings.batch_size <= self.max_batch_size:
+            return settings
         if requested is not None and int(requested) != self.default_batch:
             raise _bad(f"params.batch_size {requested}: this server decodes at most {self.max_batch_size} documents "
                        "together (its model_config max_batch_size)")
-        return generation.model_copy(update={"batch_size": self.max_batch_size})
+        return settings.model_copy(update={"batch_size": self.max_batch_size})
 
     # ---------------------------------------------------------------------------------------------- predict
     def predict(self, model_input, params: dict[str, Any] | None = None):
-        import pandas as pd
-
-        from hibert.finetune.base.text import InputError
-
         rows = self._rows(model_input)
         overrides = self._overrides(params)
         try:

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from hibert.config.base import Section
+from hibert.config.base import Section, flag
 
 with warnings.catch_warnings():
     # `copy` shadows pydantic v1's deprecated BaseModel.copy(); the name is part of the exported config.
@@ -32,7 +32,7 @@ with warnings.catch_warnings():
         tie_input_embeddings: bool = True         # target embeddings = the HIBERT token table
         tie_output_embeddings: bool = True        # vocabulary projection = the (decoder's) input table
         add_sentence_vectors: bool = True         # memory token state + its sentence's document-level vector
-        # (rules that involve model.hidden/heads are checked where both are known: modeling.abstractive)
+        # (rules that involve model.hidden/heads: check_decoder below, and modeling.decoder where both are known)
 
         @model_validator(mode="after")
         def _coverage(self) -> "DecoderConfig":
@@ -44,32 +44,26 @@ with warnings.catch_warnings():
             return self
 
 
-def _flag(flag: str, help_text: str) -> dict:
-    """A `generation:` field's command-line flag (`hibert evaluate / summarize`): declared here, once; the flag's
-    bounds are the field's (finetune/base/generation.py derives the arguments and their checks)."""
-    return {"flag": flag, "help": help_text}
-
-
 class GenerationConfig(Section):
-    beam_size: int = Field(5, ge=1, le=256, json_schema_extra=_flag("--beam", "beam size (1 = greedy)"))
+    beam_size: int = Field(5, ge=1, le=256, json_schema_extra=flag("--beam", "beam size (1 = greedy)"))
     # subwords before EOS may end a summary ([SEP] counts)
-    min_length: int = Field(0, ge=0, json_schema_extra=_flag("--min-len", "minimum summary length in subwords"))
+    min_length: int = Field(0, ge=0, json_schema_extra=flag("--min-len", "minimum summary length in subwords"))
     # subwords; EOS is forced after this many
-    max_length: int = Field(150, ge=1, json_schema_extra=_flag(
+    max_length: int = Field(150, ge=1, json_schema_extra=flag(
         "--max-len", "maximum summary length in subwords (below the decoder's max_positions)"))
     # GNMT alpha: score = log p / ((5 + |Y|) / 6)^alpha
-    length_penalty: float = Field(0.6, ge=0.0, le=10.0, json_schema_extra=_flag(
+    length_penalty: float = Field(0.6, ge=0.0, le=10.0, json_schema_extra=flag(
         "--length-penalty", "GNMT length penalty alpha"))
     # word n-grams never repeated; 0 = off
-    no_repeat_ngram: int = Field(3, ge=0, le=32, json_schema_extra=_flag(
+    no_repeat_ngram: int = Field(3, ge=0, le=32, json_schema_extra=flag(
         "--no-repeat-ngram", "block repeated word n-grams (0 = off)"))
     # subwords per word at most (stops "he's's's's"); 0 = off
-    max_word_pieces: int = Field(0, ge=0, le=64, json_schema_extra=_flag(
+    max_word_pieces: int = Field(0, ge=0, le=64, json_schema_extra=flag(
         "--max-word-pieces", "at most this many subwords per word (0 = no cap)"))
     early_stopping: bool = True                # stop a document once no open beam can beat its best summary
     # documents decoded together: 16 suits a CPU, a GPU wants hundreds (docs/abstractive.md, "On a GPU"); bounded so
     # that a served request cannot ask for a batch no device holds (HIBERT_M: ~30 MB of decoding state a document)
-    batch_size: int = Field(16, ge=1, le=1024, json_schema_extra=_flag("--batch-size", "documents decoded together"))
+    batch_size: int = Field(16, ge=1, le=1024, json_schema_extra=flag("--batch-size", "documents decoded together"))
 
     @model_validator(mode="after")
     def _check(self) -> "GenerationConfig":
@@ -77,3 +71,16 @@ class GenerationConfig(Section):
             raise ValueError(f"generation.min_length ({self.min_length}) must be <= generation.max_length "
                              f"({self.max_length})")
         return self
+
+
+def check_decoder(cfg) -> None:
+    """The `decoder:` and `generation:` sections against the core ones (a head's `check_config`)."""
+    heads = cfg.decoder.heads or cfg.model.heads
+    if cfg.model.hidden % heads:
+        raise ValueError(f"decoder.heads ({heads}) must divide model.hidden ({cfg.model.hidden})")
+    if cfg.finetune.max_target_tokens + 1 > cfg.decoder.max_positions:
+        raise ValueError(f"finetune.max_target_tokens + 1 ({cfg.finetune.max_target_tokens + 1}) must fit "
+                         f"decoder.max_positions ({cfg.decoder.max_positions})")
+    if cfg.generation.max_length + 1 > cfg.decoder.max_positions:
+        raise ValueError(f"generation.max_length + 1 ({cfg.generation.max_length + 1}) must fit "
+                         f"decoder.max_positions ({cfg.decoder.max_positions})")

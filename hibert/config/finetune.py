@@ -5,7 +5,7 @@ from hibert.config.base import Section
 
 
 class FinetuneConfig(Section):
-    # the head to train: a name registered in finetune/heads.py (checked there, so that a head registered
+    # the head to train: a name registered in hibert/heads.py (checked there, so that a head registered
     # outside the project is a valid value). Built in: extractive / abstractive read documents (abstractive on
     # a cluster dataset = the flat baseline over the ranked units); ranker / mds read clusters (the
     # multi-document paragraph ranker and hierarchical summarizer)

@@ -11,13 +11,14 @@ import hashlib
 import json
 import os
 import re
+from importlib.resources import files
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from hibert.config.schema import Config
+from hibert.config.schema import Config, with_head_sections
 from hibert.redact import redact_uri
 
 RESOLVED_NAME = "config.resolved.yaml"
@@ -36,8 +37,6 @@ def configs_root() -> Path:
     checkout = Path(__file__).resolve().parents[2] / "configs"
     if (checkout / "recipes").is_dir():
         return checkout
-    from importlib.resources import files
-
     return Path(str(files("hibert.configs")))
 
 
@@ -204,6 +203,7 @@ def format_validation_error(err: ValidationError, origin: str) -> str:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Recipe file (or defaults when None) + dotted overrides -> validated Config."""
+    with_head_sections()  # the heads' sections are keys of the recipe like the core ones
     base_dir = None
     raw: dict[str, Any] = {}
     if path is not None:

@@ -73,3 +73,9 @@ class MDSConfig(Section):
         """The `mds:` settings an export recorded; a setting it predates takes the value it was trained with
         (LEGACY), not today's default."""
         return cls.model_validate({**cls.LEGACY, **stored})
+
+
+def check_mds(cfg) -> None:
+    """The `mds:` section against the core ones (a head's `check_config`)."""
+    if cfg.model.hidden % (cfg.mds.global_heads or cfg.model.heads):
+        raise ValueError(f"mds.global_heads ({cfg.mds.global_heads}) must divide model.hidden ({cfg.model.hidden})")

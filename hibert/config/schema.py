@@ -1,13 +1,18 @@
-"""The one config schema. Every command reads a `Config`; every run saves it resolved next to its outputs."""
+"""The one config schema. Every command reads a `Config`; every run saves it resolved next to its outputs.
+
+The core sections are fields here; the heads' own sections (the abstractive head's `decoder` and `generation`,
+the multi-document heads' `mds`, a plugin's) are merged in from the head registry (hibert/heads.py) before the
+first config is built, with the heads' cross-section rules: the schema names no head."""
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, model_validator
+from pydantic.fields import FieldInfo
 
-from hibert.config.abstractive import DecoderConfig, GenerationConfig
+from hibert import heads
 from hibert.config.base import Section
 from hibert.config.data import DataConfig
 from hibert.config.finetune import FinetuneConfig
-from hibert.config.mds import MDSConfig
 from hibert.config.model import ModelConfig
 from hibert.config.ops import RunConfig, SlurmConfig, TrackingConfig
 from hibert.config.training import (
@@ -29,9 +34,6 @@ class Config(Section):
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
-    decoder: DecoderConfig = Field(default_factory=DecoderConfig)        # abstractive head
-    generation: GenerationConfig = Field(default_factory=GenerationConfig)  # its beam search
-    mds: MDSConfig = Field(default_factory=MDSConfig)                    # multi-document ranker + global layers
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
 
@@ -48,22 +50,22 @@ class Config(Section):
             raise ValueError("deepspeed.offload_optimizer needs deepspeed.zero_stage >= 1")
         if ds.offload_param != "none" and ds.zero_stage != 3:
             raise ValueError("deepspeed.offload_param needs deepspeed.zero_stage=3")
-        heads = self.decoder.heads or self.model.heads
-        if self.model.hidden % heads:
-            raise ValueError(f"decoder.heads ({heads}) must divide model.hidden ({self.model.hidden})")
-        if self.model.hidden % (self.mds.global_heads or self.model.heads):
-            raise ValueError(f"mds.global_heads ({self.mds.global_heads}) must divide model.hidden "
-                             f"({self.model.hidden})")
-        if self.finetune.max_target_tokens + 1 > self.decoder.max_positions:
-            raise ValueError(f"finetune.max_target_tokens + 1 ({self.finetune.max_target_tokens + 1}) must fit "
-                             f"decoder.max_positions ({self.decoder.max_positions})")
-        if self.generation.max_length + 1 > self.decoder.max_positions:
-            raise ValueError(f"generation.max_length + 1 ({self.generation.max_length + 1}) must fit "
-                             f"decoder.max_positions ({self.decoder.max_positions})")
+        for check in heads.config_checks():   # the heads' rules over their sections and the core ones
+            check(self)
         if self.checkpoint.keep_best and self.schedule.eval_every == 0 and self.schedule.early_stop_patience:
             raise ValueError("schedule.early_stop_patience needs schedule.eval_every > 0 (evaluations during "
                              "training)")
         return self
+
+    # Every way a Config is built first merges the heads' sections in (`with_head_sections`).
+    def __init__(self, **data: Any) -> None:
+        with_head_sections()
+        super().__init__(**data)
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any) -> "Config":
+        with_head_sections()
+        return super().model_validate(obj, **kwargs)
 
     @property
     def run_dir(self) -> Path:
@@ -72,3 +74,14 @@ class Config(Section):
     @property
     def checkpoint_dir(self) -> Path:
         return Path(self.checkpoint.dir) if self.checkpoint.dir else self.run_dir / "checkpoints"
+
+
+def with_head_sections() -> type[Config]:
+    """`Config` with every registered head's config sections as fields (each defaulting to its model's
+    defaults), added once: the registry loads on the first call."""
+    new = {name: model for name, model in heads.config_sections().items() if name not in Config.model_fields}
+    for name, model in new.items():
+        Config.__pydantic_fields__[name] = FieldInfo.from_annotated_attribute(model, Field(default_factory=model))
+    if new:
+        Config.model_rebuild(force=True)
+    return Config

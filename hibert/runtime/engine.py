@@ -9,8 +9,8 @@ its checkpoints.
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -50,14 +50,14 @@ def init_distributed(cfg: Config) -> Runtime:
     cuda = torch.cuda.is_available()
     if not cuda:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import deepspeed
+    import deepspeed  # lazy: ~2.5 s, and only after DS_ACCELERATOR is set (it picks its accelerator on import)
 
     if cuda:
         torch.cuda.set_device(env.local_rank)
     timeout = timedelta(seconds=cfg.run.collective_timeout_s)
     # DeepSpeed makes its own groups (data parallel, ZeRO partitions) with no timeout argument, so they take
     # torch's module defaults (30 min; 10 for NCCL): set those too, or a hung peer would stall the job there
-    import torch.distributed.distributed_c10d as c10d
+    import torch.distributed.distributed_c10d as c10d  # lazy: a private module, read only here
 
     c10d.default_pg_timeout = timeout
     if isinstance(getattr(c10d, "default_pg_nccl_timeout", None), timedelta):
@@ -117,7 +117,7 @@ def build_engine(cfg: Config, model: torch.nn.Module, rt: Runtime, groups: list[
     """DeepSpeed engine over `model`. Each optimizer group has its own peak lr (optimizer.lr x lr_scale) and
     warmup under the one decay rule of `schedule:` — a LambdaLR with one multiplier per group, which
     DeepSpeed steps and checkpoints."""
-    import deepspeed
+    import deepspeed  # lazy: ~2.5 s (after init_distributed chose its accelerator)
 
     ds_cfg = deepspeed_config(cfg, rt.precision)
     groups = groups if groups is not None else decay_groups(model.named_parameters(), cfg.optimizer.weight_decay)

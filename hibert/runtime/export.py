@@ -14,19 +14,37 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from pydantic import ValidationError
 from safetensors.torch import load_file, save_file
 
+from hibert.config.load import format_validation_error
 from hibert.config.model import ModelConfig
 from hibert.errors import UserError
+from hibert.json_files import DAMAGED, read_json_object
 
 WEIGHTS = "encoder.safetensors"
 TOKENIZER = "tokenizer.model"
-DAMAGED = "export it again, or fetch it again from the registry"
+
+
+@dataclass
+class InitModel:
+    """What `run.init` resolved to: an export directory's weights, model config and provenance."""
+    state: dict[str, torch.Tensor]   # encoder weights (fp32 tensors)
+    model_cfg: ModelConfig
+    meta: dict[str, Any]             # export.json
+    local_dir: Path
+
+    def __iter__(self):              # (state, model config, meta, dir), as older callers unpack it
+        return iter((self.state, self.model_cfg, self.meta, self.local_dir))
+
+    def __getitem__(self, i: int):
+        return tuple(self)[i]
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -39,18 +57,6 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     except Exception as e:  # safetensors' SafetensorError, OSError, ...: the file is not what it should be
         reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         raise UserError(f"{path} is damaged or not a safetensors file ({reason}): {DAMAGED}") from None
-
-
-def read_json_object(path: Path) -> dict[str, Any]:
-    """A JSON object file of an export; anything else is one `UserError` line naming it."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{path} is unreadable or not JSON ({str(e)[:200]}): {DAMAGED}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path} holds a JSON {type(data).__name__}, not an object: {DAMAGED}")
-    return data
 
 
 def check_tokenizer(export_dir: Path, meta: dict[str, Any]) -> None:
@@ -77,7 +83,7 @@ def gather_fp32_state_dict(module: torch.nn.Module, prefix: str = "") -> dict[st
     partitions); falls back to the parameter itself when DeepSpeed keeps no separate master copy.
     Tied parameters are exported once per name, as nn.Module.state_dict would.
     """
-    from deepspeed.utils import safe_get_full_fp32_param
+    from deepspeed.utils import safe_get_full_fp32_param  # lazy: ~2.5 s, which an export's readers never need
 
     out: dict[str, torch.Tensor] = {}
     for name, p in module.named_parameters(remove_duplicate=False):
@@ -115,9 +121,6 @@ def read_export(export_dir: Path) -> tuple[dict[str, torch.Tensor], ModelConfig,
     weights = export_dir / WEIGHTS
     if not weights.is_file():
         raise FileNotFoundError(f"{export_dir} is not an encoder export (no {WEIGHTS})")
-    from pydantic import ValidationError
-
-    from hibert.config.load import format_validation_error
 
     model_path = export_dir / "model.json"
     try:

@@ -1,10 +1,12 @@
-"""Throughput, MFU, data-wait fraction and peak memory over a logging window."""
+"""Throughput, MFU, data-wait fraction and peak memory over a logging window; the record of a window not yet
+logged that a checkpoint keeps (`gather_window` / `restore_window`)."""
 from __future__ import annotations
 
 import resource
 import time
 
 import torch
+import torch.distributed as dist
 
 # Dense bf16 peak TFLOP/s per device, for MFU when tracking.peak_tflops is not set.
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
@@ -89,3 +91,34 @@ class PhaseClock:
             now = time.perf_counter()
             self.window.add_phase(name, now - self.t)
             self.t = now
+
+
+def gather_window(stats: dict[str, torch.Tensor]) -> list[dict[str, list]] | None:
+    """Collective. Every rank's training statistics since the last logged step, as [value, dtype] per key, rank
+    by rank: what a checkpoint keeps so that a resumed run logs the same window an uninterrupted one would
+    (None when nothing is pending, i.e. the step was a logged one)."""
+    mine = {k: [float(v), str(v.dtype).removeprefix("torch.")] for k, v in stats.items()}
+    every = [mine]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+    return every if any(every) else None
+
+
+def restore_window(saved: list[dict[str, list]] | None, rank: int, world: int,
+                    device: torch.device) -> dict[str, torch.Tensor]:
+    """This rank's pending statistics from `gather_window`'s record: its own when the world size is the one
+    they were saved with (the sums then go on bit for bit), else all of them on rank 0 (the logged totals
+    are the same up to rounding)."""
+    if not saved:
+        return {}
+    if len(saved) == world:
+        mine = saved[rank]
+    elif rank == 0:
+        mine = {}
+        for part in saved:
+            for k, (v, dtype) in part.items():
+                mine[k] = [mine.get(k, [0.0])[0] + v, dtype]
+    else:
+        return {}
+    return {k: torch.tensor(v, dtype=getattr(torch, dtype), device=device) for k, (v, dtype) in mine.items()}

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hibert.redact import redact_uri
+
 log = logging.getLogger("hibert.tracking")
 
 OUTBOX = Path("tracking") / "outbox.jsonl"
@@ -177,7 +179,7 @@ def refused(e: BaseException) -> bool:
 
 def transient(e: BaseException) -> bool:
     """A failure that says nothing against the operation: no answer at all, or "later" (429, 503, 504)."""
-    import requests
+    import requests  # lazy: ~60 ms, which every command importing the outbox (the CLI) would pay
 
     return http_status(e) in _LATER or isinstance(e, (requests.ConnectionError, requests.Timeout, ConnectionError,
                                                       TimeoutError))
@@ -202,7 +204,6 @@ def drain(outbox: Outbox, send: Callable[[list[dict[str, Any]]], None],
                     outbox.replace(ops[start:])
                     return len(ops) - start
                 if attempt == 2:
-                    from hibert.redact import redact_uri
 
                     reason = redact_uri(f"{type(e).__name__}: {e}".splitlines()[0])
                     for op in chunk:

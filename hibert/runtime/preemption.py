@@ -2,6 +2,7 @@
 then everyone checkpoints and exits with REQUEUE_EXIT_CODE so the Slurm script requeues the job."""
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 
@@ -57,7 +58,6 @@ def ignore_preemption_signals(_worker_id: int = 0, parent: int | None = None) ->
     for s in PreemptionFlag.SIGNALS:
         signal.signal(s, signal.SIG_IGN)
     try:
-        import ctypes
 
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG

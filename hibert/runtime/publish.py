@@ -8,16 +8,20 @@ import json
 import logging
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from hibert.config import config_hash
+from hibert.config import Config, config_hash
 from hibert.errors import DiskFull, disk_full, free_mb
+from hibert.hashing import file_hash
 from hibert.redact import redact_uri
+from hibert.runtime.engine import Runtime
 from hibert.runtime.export import write_export
-from hibert.runtime.tracking import git_commit
-from hibert.runtime.validation import exported_metrics
+from hibert.runtime.task import Task
+from hibert.runtime.tracking import Tracker, git_commit
+from hibert.runtime.validation import Validator, exported_metrics
 
 log = logging.getLogger("hibert.train")
 
@@ -30,18 +34,41 @@ class PeerFailed(RuntimeError):
     """Another rank failed in a step every rank takes part in (rank 0's export): this rank stops too."""
 
 
-def publish(trainer, step: int, metrics: dict[str, float]) -> tuple[Path, str | None]:
-    """Collective. Export and (rank 0) register; returns the export dir and the registered version."""
+def manifest_hash(cfg: Config) -> str:
+    """The training dataset's manifest.json hash ("none" without one): which data the weights were trained on."""
+    m = Path(cfg.data.dataset_dir) / "manifest.json"
+    return file_hash(m) if m.is_file() else "none"
+
+
+def data_settings(cfg: Config) -> dict[str, Any]:
+    """How the training data was made (segmenter, limits, tokenizer): `summarize` redoes exactly this."""
+    m = Path(cfg.data.dataset_dir) / "manifest.json"
+    if not m.is_file():
+        return {}
+    manifest = json.loads(m.read_text())
+    return {k: manifest[k] for k in ("segmenter", "limits", "tokenizer", "kind", "clusters", "synthetic")
+            if k in manifest}
+
+
+def publish(cfg: Config, task: Task, step: int, metrics: dict[str, float], *, selection: Validator,
+            tracker: Tracker, rt: Runtime, train_data, encoder_prefix: str = "encoder.") -> tuple[Path, str | None]:
+    """Collective. Export the weights `selection` selected (and, rank 0, log and register them with `tracker`)
+    to `<run dir>/export`; returns the export dir and the registered version."""
     if step <= 0:
-        raise NothingTrained(f"no optimizer step was taken ({len(trainer.train_data)} training documents, "
-                             f"schedule.epochs={trainer.cfg.schedule.epochs}); nothing is exported or registered")
-    rt = trainer.rt
-    out = trainer.run_dir / "export"
-    selected = trainer.validator.selected_weights()  # collective under ZeRO-3
+        raise NothingTrained(f"no optimizer step was taken ({len(train_data)} training documents, "
+                             f"schedule.epochs={cfg.schedule.epochs}); nothing is exported or registered")
+    out = cfg.run_dir / "export"
+    selected = selection.selected_weights()  # collective under ZeRO-3
     version, verdict, error = None, [None], None
     if rt.is_main:
         try:
-            version = _export_and_register(trainer, step, metrics, out, selected)
+            full, steps = selected
+            p = encoder_prefix
+            encoder = {k[len(p):]: v for k, v in full.items() if k.startswith(p)}
+            meta = _provenance(cfg, task, step, metrics, steps, selection.selected_metrics(step, metrics), tracker,
+                               rt.world_size)
+            _write(out, encoder, task, full, train_data.tokenizer_path, meta)
+            version = _register(cfg, task, step, out, meta, tracker, rt.world_size)
         except Exception as e:  # safetensors' SafetensorError is neither OSError nor RuntimeError
             error = e
             if disk_full(e):
@@ -65,46 +92,53 @@ def publish(trainer, step: int, metrics: dict[str, float]) -> tuple[Path, str | 
     return out, version
 
 
-def _export_and_register(trainer, step: int, metrics: dict[str, float], out: Path,
-                         selected: tuple[dict[str, torch.Tensor], list[int]]) -> str | None:
-    cfg, task = trainer.cfg, trainer.task
-    full, steps = selected
-    p = trainer.encoder_prefix
-    encoder = {k[len(p):]: v for k, v in full.items() if k.startswith(p)}
-    selected_metrics = trainer.validator.selected_metrics(step, metrics)
-    meta = {"stage": cfg.run.stage, "task": task.name, "step": step,
+def _provenance(cfg: Config, task: Task, step: int, metrics: dict[str, float], steps: list[int],
+                selected_metrics: dict[str, dict[str, float] | None], tracker: Tracker,
+                world_size: int) -> dict[str, Any]:
+    """export.json: where the exported weights come from and what they scored."""
+    return {"stage": cfg.run.stage, "task": task.name, "step": step,
             "selected_steps": steps, "selection_metric": task.eval_metric,
             "init": redact_uri(cfg.run.init) if cfg.run.init else None,
-            "dataset_manifest": trainer.manifest_hash(),
+            "dataset_manifest": manifest_hash(cfg),
             "config_hash": config_hash(cfg), "git_commit": git_commit(),
-            "world_size": trainer.rt.world_size,
+            "world_size": world_size,
             # what the exported weights scored (the selected step's evaluation, not the last one's), the last
             # evaluation, and each selected step's
             "metrics": exported_metrics(selected_metrics), "final_metrics": metrics,
             "selected_metrics": selected_metrics,
-            "mlflow_run_id": trainer.tracker.run_id, "data": trainer.data_settings()}
+            "mlflow_run_id": tracker.run_id, "data": data_settings(cfg)}
+
+
+def _write(out: Path, encoder: dict[str, torch.Tensor], task: Task, full: dict[str, torch.Tensor], tokenizer: Path,
+           meta: dict[str, Any]) -> None:
+    """The export directory, written beside its place and renamed into it."""
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)  # what a full disk or a kill left last time
     # an `export/` here was never registered (a registered run returns before publishing again): its space
     # goes to the new one rather than both having to fit
     shutil.rmtree(out, ignore_errors=True)
     try:
-        write_export(partial, encoder, task.model_config(), trainer.train_data.tokenizer_path, meta)
+        write_export(partial, encoder, task.model_config(), tokenizer, meta)
         task.write_export_extras(partial, full)
         task.write_export_flavors(partial)
         partial.rename(out)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)  # give the space back; the checkpoints hold the weights
         raise
-    trainer.tracker.artifacts(out, "export")
+
+
+def _register(cfg: Config, task: Task, step: int, out: Path, meta: dict[str, Any], tracker: Tracker,
+              world_size: int) -> str | None:
+    """The export as the run's MLflow artifacts and a registered version (registry.json says which)."""
+    tracker.artifacts(out, "export")
     version, pending = None, False
-    if cfg.tracking.register_model and trainer.tracker.run_id:
-        version = trainer.tracker.register(
+    if cfg.tracking.register_model and tracker.run_id:
+        version = tracker.register(
             "export", task.registry_name(cfg), task.registry_alias(cfg),
             tags={"stage": cfg.run.stage, "dataset_manifest": meta["dataset_manifest"],
-                  "git_commit": meta["git_commit"], "world_size": str(trainer.rt.world_size), "step": str(step)},
+                  "git_commit": meta["git_commit"], "world_size": str(world_size), "step": str(step)},
             also=cfg.tracking.also_aliases, registry_json=out / "registry.json")
         pending = version is None  # waits in the run's outbox (tracking server away)
-    (out / "registry.json").write_text(json.dumps({"version": version, "uri": redact_uri(trainer.tracker.uri),
+    (out / "registry.json").write_text(json.dumps({"version": version, "uri": redact_uri(tracker.uri),
                                                    **({"pending": True} if pending else {})}))
     return version

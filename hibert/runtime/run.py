@@ -4,8 +4,11 @@ A task is a `Task` (hibert/runtime/task.py: model, micro-batches, loss, metrics,
 groups) plus a few lines of command code (pretrain/cli.py; finetune/cli.py gets the task from the head registry):
 
     inputs = prepare_run(cfg)                 # ranks, logging, train/valid data, run.init resolved + checked
-    task = MyTask(cfg, ..., init_state=inputs.init.state if inputs.init else None)
+    task = MyTask(cfg, inputs.model_cfg)      # the model it builds: the init encoder's size, or the configured one
     return run_task(cfg, inputs, task, "finetune")   # Trainer.fit(); exit code 75 when preempted
+
+A task never sees `run.init`'s weights: the Trainer loads them into the model `Task.build_model` made
+(`Task.init_from`: the encoder; a task that takes more of the export overrides it).
 
 `relaunch(cfg, command, nproc)` starts the same command on N local ranks (`--nproc`). Everything else —
 DeepSpeed engine, token-budget batches, checkpoints and exact resume, preemption, evaluation cadence,
@@ -32,7 +35,7 @@ from hibert.redact import redact_uri
 from hibert.registry import check_reachable, check_store_location, resolve_model, tracking_uri
 from hibert.runtime.dist_env import REQUEUE_EXIT_CODE, TRACKING_PENDING_EXIT_CODE
 from hibert.runtime.engine import init_distributed
-from hibert.runtime.export import read_export
+from hibert.runtime.export import InitModel, read_export
 from hibert.runtime.launch import relaunch
 from hibert.runtime.outbox import OUTBOX
 from hibert.runtime.preemption import preemption_flag
@@ -48,28 +51,14 @@ log = logging.getLogger("hibert")
 
 
 @dataclass
-class InitModel:
-    """What `run.init` resolved to: an export directory's weights, model config and provenance."""
-    state: dict[str, Any]            # encoder weights (fp32 tensors)
-    model_cfg: ModelConfig
-    meta: dict[str, Any]             # export.json
-    local_dir: Path
-
-    def __iter__(self):              # (state, model config, meta, dir), as older callers unpack it
-        return iter((self.state, self.model_cfg, self.meta, self.local_dir))
-
-    def __getitem__(self, i: int):
-        return tuple(self)[i]
-
-
-@dataclass
 class RunInputs:
     """What every training command sets up the same way before building its task."""
     rt: Any                          # hibert.runtime.engine.Runtime
     train: Any                       # data_prep.DocumentDataset
     valid: Any
-    init: InitModel | None
+    init: InitModel | None           # the Trainer loads it into the model (Task.init_from)
     vocab_size: int
+    model_cfg: ModelConfig           # the model a head builds (`run_model_config`)
     writer_lock: Any = None          # rank 0's claim on the run directory, held until the process ends
 
 
@@ -91,6 +80,14 @@ def load_init(cfg: Config, rank: int = 0) -> InitModel | None:
         dist.broadcast_object_list(box, src=0)
     local = Path(box[0])
     return InitModel(*read_export(local), local)
+
+
+def run_model_config(cfg: Config, init: InitModel | None, vocab: int) -> ModelConfig:
+    """The model a head builds: the init encoder's own size and vocabulary with this run's dropout, or the
+    configured model with the dataset's vocabulary (a random start)."""
+    if init is not None:
+        return init.model_cfg.model_copy(update={"dropout": cfg.model.dropout})
+    return cfg.model.model_copy(update={"vocab_size": vocab})
 
 
 def check_init_compatible(cfg: Config, init: InitModel, dataset_tokenizer: Path,
@@ -129,7 +126,8 @@ def prepare_run(cfg: Config, check_init: bool = True) -> RunInputs:
             check_init_compatible(cfg, init, train_data.tokenizer_path)
         except ValueError as e:  # a configuration error, not a crash: one line, before any training
             raise UserError(f"hibert: {e}") from None
-    return RunInputs(rt, train_data, valid_data, init, vocab_size(train_data.tokenizer_path), lock)
+    vocab = vocab_size(train_data.tokenizer_path)
+    return RunInputs(rt, train_data, valid_data, init, vocab, run_model_config(cfg, init, vocab), lock)
 
 
 # What torch.distributed raises on a rank whose peer died (gloo: the socket closes; NCCL: the watchdog) or hung
@@ -144,8 +142,10 @@ def peer_lost(e: BaseException) -> bool:
 
 def run_task(cfg: Config, inputs: RunInputs, task: Task, command: str) -> int:
     """Train `task` with the shared Trainer; exit code 75 (requeue) when preempted."""
+    trainer = None
     try:
-        result = Trainer(cfg, task, inputs.rt, inputs.train, inputs.valid).fit()
+        trainer = Trainer(cfg, task, inputs.rt, inputs.train, inputs.valid, init=inputs.init)
+        result = trainer.fit()
     except NothingTrained as e:
         log.error("%s: %s", command, e)
         if dist.is_initialized():
@@ -153,6 +153,12 @@ def run_task(cfg: Config, inputs: RunInputs, task: Task, command: str) -> int:
         return 1
     except DiskFull as e:
         log.error("%s: %s", command, e)
+        return 1
+    except UserError as e:
+        if trainer is not None:
+            raise
+        # the init export lacks what the task starts from (Task.init_from): one line, before any training
+        print(e, file=sys.stderr)
         return 1
     except (OSError, RuntimeError) as e:
         if disk_full(e):  # the export, the step log, the resolved config...

@@ -45,8 +45,12 @@ class StepLog:
     (a resumed run does not count the steps it inherited)."""
 
     def __init__(self, total_steps: int, start_step: int, enabled: bool):
-        self.total, self.enabled = total_steps, enabled
-        self.t0, self.step0 = time.perf_counter(), start_step
+        self.enabled = enabled
+        self.begin(total_steps, start_step)
+
+    def begin(self, total_steps: int, start_step: int) -> None:
+        """The planned total, and the step this process starts from: its pace is timed from now."""
+        self.total, self.t0, self.step0 = total_steps, time.perf_counter(), start_step
 
     def eta(self, step: int) -> float | None:
         done = step - self.step0

@@ -3,18 +3,22 @@ masked-sentence pretraining (pretrain/) and every finetuning head (finetune/) â€
 
 A task supplies: `build_model`, `make_item` (DataLoader workers: a pure function of its arguments), `loss`
 (forward + additive statistics), `summarize` (statistics -> metrics), `model_config`; optionally
-`evaluate` (validation metrics; default: the loss statistics on the validation split), `param_groups`
+`evaluate` (validation metrics from an `EvalContext`; default: the loss statistics on the validation split),
+`init_from` (what the task takes from the `run.init` export; default: its encoder), `param_groups`
 (optimizer groups with their own lr scale and warmup), `registry_name`/`registry_alias`,
 `write_export_extras` and `write_export_flavors`. See hibert/runtime/run.py for how a command runs a task."""
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
+
+from hibert.runtime.export import InitModel, load_encoder
 
 
 @dataclass
@@ -58,6 +62,22 @@ class LoaderItem:
         """Called by the DataLoader's pinning thread (pin_memory=True)."""
         self.batch = self.batch.pin_memory()
         return self
+
+
+@dataclass
+class EvalContext:
+    """What `Task.evaluate` reads from the runtime (not the trainer): the engine and the device it runs on, whether
+    this is rank 0, the validation split, and two collectives every rank calls alike:
+    `items(data=None)` yields (micro-batch on the device, counted) over this rank's share of a split's batches
+    (default: the validation split) with the model in eval mode and no gradients â€” ZeRO-3's forward is collective,
+    so every rank runs as many forwards, and the padding ones (repeats of a real batch) come with counted=False;
+    `all_sum(values)` sums a dict of floats over the ranks."""
+    engine: Any
+    device: torch.device
+    is_main: bool
+    valid_data: Any
+    items: Callable[..., Iterator[tuple[LoaderItem, bool]]]
+    all_sum: Callable[[dict[str, float]], dict[str, float]]
 
 
 class Task(ABC):
@@ -106,15 +126,22 @@ class Task(ABC):
         """Files that describe the finished export to other tools (a finetuned head's MLflow pyfunc
         `MLmodel`), written after every weight and settings file is in place."""
 
-    def evaluate(self, trainer) -> dict[str, float]:
+    def init_from(self, model: torch.nn.Module, init: InitModel | None) -> None:
+        """Start the model `build_model` just made from `run.init` (None: a random start). The runtime calls it
+        once, right after `build_model`, for every task. Default: the export's encoder weights into `model.encoder`;
+        a task that takes more of the export (e.g. a pretraining decoder) overrides it."""
+        if init is not None:
+            load_encoder(model.encoder, init.state)
+
+    def evaluate(self, ctx: EvalContext) -> dict[str, float]:
         """Validation metrics. Default: the task's loss statistics summed over the validation split."""
         sums: dict[str, float] = {k: 0.0 for k in self.stat_keys}
-        for item, counted in trainer.valid_items():
-            _, stats = self.loss(trainer.engine, item)
+        for item, counted in ctx.items():
+            _, stats = self.loss(ctx.engine, item)
             if counted:
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
-        return self.summarize(trainer.all_sum(sums), "valid_")
+        return self.summarize(ctx.all_sum(sums), "valid_")
 
 
 class TokenNLLTask(Task):

@@ -13,6 +13,7 @@ import json
 import logging
 import subprocess
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,7 @@ class Tracker:
     def _start(self, run_id: str | None, tags: dict[str, str], params: dict[str, str] | None,
                created: list[str]) -> str:
         """`created` receives a new run's id as soon as the server made it (the calls after it may still fail)."""
-        from mlflow.entities import Param, RunTag
+        from mlflow.entities import Param, RunTag  # lazy: MLflow ~1 s, only where a run is sent
 
         c = client(self.uri)
         if run_id is None:
@@ -254,7 +255,7 @@ def send(uri: str, ops: list[dict[str, Any]]) -> Any:
     if kind == "evaluation":
         return _send_evaluation(uri, op)
     if kind == "metrics":
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # lazy: MLflow ~1 s, only where a run is sent
 
         c.log_batch(run_id, metrics=[Metric(k, v, o["timestamp"], o["step"]) for o in ops
                                      for k, v in o["values"].items()])
@@ -275,7 +276,7 @@ def send(uri: str, ops: list[dict[str, Any]]) -> Any:
         c.set_terminated(run_id, status=op["status"])
         return None
     if kind == "resume":  # the rest of a run's start, when the server went away during it
-        from mlflow.entities import Param, RunTag
+        from mlflow.entities import Param, RunTag  # lazy: MLflow ~1 s, only where a run is sent
 
         c.update_run(run_id, status="RUNNING")
         c.log_batch(run_id, params=[Param(k, v) for k, v in op.get("params", {}).items()],
@@ -289,7 +290,6 @@ def evaluation_op(outbox: Outbox, experiment: str, run_name: str, tags: dict[str
     """A whole `hibert evaluate` MLflow run as one outbox operation: sent at once when the server answers,
     else kept until `hibert registry sync`. Its `id` makes a resend after a partial one reuse the same run; the
     per-document `table` waits in a file next to the outbox."""
-    import uuid
 
     op_id = uuid.uuid4().hex
     table_path = None
@@ -303,7 +303,7 @@ def evaluation_op(outbox: Outbox, experiment: str, run_name: str, tags: dict[str
 
 
 def _send_evaluation(uri: str, op: dict[str, Any]) -> str:
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Metric, Param, RunTag  # lazy: MLflow ~1 s, only where a run is sent
 
     c = client(uri)
     eid = experiment_id(uri, op["experiment"])

@@ -1,35 +1,42 @@
-"""The one training loop. `Trainer.fit` reads top to bottom: resume, banner, then per step `train_step`
-followed by the components that each own their cadence — the step log (`schedule.log_every`), the
-validator (`schedule.eval_every`: evaluation, early stopping, model selection), the checkpointer
-(`checkpoint.every_steps`) and the preemption flag — and at the end `publish` (export + registry).
-Pretraining and every finetuning head run through it with their own `Task`."""
+"""The one training loop. `Trainer.fit` reads top to bottom: resume, what is left of the run (`plan_run`), banner,
+then per step `train_step` followed by the components that each own their cadence — the step log
+(`schedule.log_every`), the validator (`schedule.eval_every`: evaluation, early stopping, model selection), the
+checkpointer (`checkpoint.every_steps`) and the preemption flag — and at the end `publish` (export + registry).
+Pretraining and every finetuning head run through it with their own `Task`; the run's starting weights
+(`run.init`) are loaded here, into the model the task built (`Task.init_from`)."""
 from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from hibert.config import Config, config_hash, save_resolved
-from hibert.hashing import file_hash
 from hibert.redact import redact_uri
 from hibert.runtime.batching import BatchPlan, doc_costs, plan_epoch
 from hibert.runtime.checkpoint import CheckpointManager
 from hibert.runtime.engine import Runtime, build_engine
+from hibert.runtime.export import InitModel
 from hibert.runtime.loader import make_loader
-from hibert.runtime.metrics import PhaseClock, Window, default_peak_tflops, peak_memory_gb
+from hibert.runtime.metrics import (
+    PhaseClock,
+    Window,
+    default_peak_tflops,
+    gather_window,
+    peak_memory_gb,
+    restore_window,
+)
 from hibert.runtime.preemption import preemption_flag
-from hibert.runtime.publish import publish
+from hibert.runtime.publish import manifest_hash, publish
 from hibert.runtime.step_log import StepLog, banner
 from hibert.runtime.task import Task
 from hibert.runtime.tracking import Tracker
-from hibert.runtime.validation import Validator
+from hibert.runtime.train_state import TrainState
+from hibert.runtime.validation import Validator, all_sum, eval_context
 
 log = logging.getLogger("hibert.train")
 
@@ -48,101 +55,69 @@ class TrainResult:
     tracking_pending: int = 0          # operations left in the run's outbox (tracking server away)
 
 
-
-def _gather_window(stats: dict[str, torch.Tensor]) -> list[dict[str, list]] | None:
-    """Collective. Every rank's training statistics since the last logged step, as [value, dtype] per key, rank
-    by rank: what a checkpoint keeps so that a resumed run logs the same window an uninterrupted one would
-    (None when nothing is pending, i.e. the step was a logged one)."""
-    mine = {k: [float(v), str(v.dtype).removeprefix("torch.")] for k, v in stats.items()}
-    every = [mine]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        every = [None] * dist.get_world_size()
-        dist.all_gather_object(every, mine)
-    return every if any(every) else None
-
-
-def _restore_window(saved: list[dict[str, list]] | None, rank: int, world: int,
-                    device: torch.device) -> dict[str, torch.Tensor]:
-    """This rank's pending statistics from `_gather_window`'s record: its own when the world size is the one
-    they were saved with (the sums then go on bit for bit), else all of them on rank 0 (the logged totals
-    are the same up to rounding)."""
-    if not saved:
-        return {}
-    if len(saved) == world:
-        mine = saved[rank]
-    elif rank == 0:
-        mine = {}
-        for part in saved:
-            for k, (v, dtype) in part.items():
-                mine[k] = [mine.get(k, [0.0])[0] + v, dtype]
-    else:
-        return {}
-    return {k: torch.tensor(v, dtype=getattr(torch, dtype), device=device) for k, (v, dtype) in mine.items()}
-
-
-def _all_sum(values: dict[str, float], device: torch.device) -> dict[str, float]:
-    keys = sorted(values)
-    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
-    return dict(zip(keys, t.tolist()))
+@dataclass
+class RunPlan:
+    """What is left of a run, decided before the loop (`Trainer.plan_run`)."""
+    first: BatchPlan                   # the current epoch's batches (training goes on at state.step_in_epoch)
+    total_steps: int                   # optimizer steps the run will have taken at its end
+    exact: bool                        # False: the later epochs' lengths are estimated from this one's
 
 
 class Checkpointer:
-    """Saves every `every` steps (0: only at the end and on preemption), never twice for one step."""
+    """Saves `engine` and `state` every `every` steps (0: only at the end and on preemption), never twice for one
+    step."""
 
-    def __init__(self, manager: CheckpointManager, every: int):
-        self.manager, self.every, self.last_saved = manager, every, -1
+    def __init__(self, manager: CheckpointManager, every: int, engine, state: TrainState):
+        self.manager, self.every, self.engine, self.state = manager, every, engine, state
+        self.last_saved = -1
 
     def due(self, step: int) -> bool:
         """A scheduled save at this step (the caller completes the state first, then calls `save`)."""
         return bool(self.every) and step % self.every == 0 and self.last_saved != step
 
-    def save(self, engine, step: int, state: dict[str, Any], force: bool = False) -> None:
+    def save(self, step: int, force: bool = False) -> None:
         """`force`: save even if this step's tag was written (or resumed from): then its weights are these, and
         only the state in its marker is replaced, atomically — rewriting the tag would leave a moment without
         it, and with keep_last 1 without any checkpoint."""
         if self.last_saved == step:
-            if not force or self.manager.restate(step, state):
+            if not force or self.manager.restate(step, self.state.to_dict()):
                 return
             # forced, and the tag no longer verifies: written again below
-        self.manager.save(engine, step, state)
+        self.manager.save(self.engine, step, self.state.to_dict())
         self.last_saved = step
 
 
 class Trainer:
-    def __init__(self, cfg: Config, task: Task, rt: Runtime, train_data, valid_data, encoder_prefix: str = "encoder."):
+    def __init__(self, cfg: Config, task: Task, rt: Runtime, train_data, valid_data, init: InitModel | None = None,
+                 encoder_prefix: str = "encoder."):
         self.cfg, self.task, self.rt = cfg, task, rt
         self.train_data, self.valid_data = train_data, valid_data
         self.encoder_prefix = encoder_prefix
         self.run_dir = cfg.run_dir
+        s = cfg.schedule
         torch.manual_seed(cfg.run.seed)  # identical init on every rank
         self.model = task.build_model()
+        task.init_from(self.model, init)   # run.init, the same way for every task
         groups = [g for g in task.param_groups(self.model, cfg) if g.params]
         self.engine = build_engine(cfg, self.model, rt, groups)
         # groups with their own lr (e.g. encoder / decoder): one lr_<prefix> metric each
         self.lr_names = [g.name.split(".")[0] for g in groups]
         torch.manual_seed(cfg.run.seed + 7919 * (rt.rank + 1))  # dropout differs across ranks
+        self.state = TrainState(seed=s.seed, config_hash=config_hash(cfg), world_size=rt.world_size,
+                                micro_per_step=rt.world_size * s.grad_accum)
         self.checkpointer = Checkpointer(
             CheckpointManager(cfg.checkpoint_dir, cfg.checkpoint.keep_last, rt.rank, rt.world_size),
-            cfg.checkpoint.every_steps)
+            cfg.checkpoint.every_steps, self.engine, self.state)
         self.tracker = Tracker(cfg, enabled=rt.is_main)
         self.flag = preemption_flag()   # installed by prepare_run already, before the start-up
-        s = cfg.schedule
-        self.validator = Validator(self, s.eval_every, s.early_stop_patience, cfg.checkpoint.keep_best)
         self.step_log = StepLog(0, 0, rt.is_main)
+        self.validator = Validator(task, eval_context(task, self.engine, rt, s, valid_data), self.state,
+                                   self.tracker, self.step_log, self.run_dir / "best", s.eval_every,
+                                   s.early_stop_patience, cfg.checkpoint.keep_best)
         self.last_metrics: dict[str, float] = {}
         self.costs = doc_costs(train_data.doc_num_tokens, train_data.doc_num_sentences)
-        self.state: dict[str, Any] = {"global_step": 0, "epoch": 0, "step_in_epoch": 0, "best": None,
-                                      "evals_without_improvement": 0, "mlflow_run_id": None,
-                                      "candidates": [],  # [score, step, path, metrics] of the best evaluations
-                                      "seed": s.seed, "config_hash": config_hash(cfg),
-                                      "world_size": rt.world_size,
-                                      "micro_per_step": rt.world_size * s.grad_accum}
-
-    @property
-    def ckpt(self) -> CheckpointManager:
-        return self.checkpointer.manager
+        # training statistics of the steps since the last logged one, still on the device
+        self.unlogged: dict[str, torch.Tensor] = {}
 
     # ---------------------------------------------------------------- planning
     def plan(self, epoch: int) -> BatchPlan:
@@ -160,84 +135,75 @@ class Trainer:
         when the later epochs are cheap to plan (they are deterministic: seed and epoch) — at most
         `_EXACT_PLAN_DOCS` documents x epochs left; beyond that, this epoch's length stands for the rest."""
         s, m = self.cfg.schedule, self._max_steps()
-        this_epoch = self.state["global_step"] + max(0, plan.steps - self.state["step_in_epoch"])
+        this_epoch = self.state.global_step + max(0, plan.steps - self.state.step_in_epoch)
         if m and this_epoch >= m:
             return m, True
-        epoch, left = self.state["epoch"], max(0, s.epochs - self.state["epoch"] - 1)
+        epoch, left = self.state.epoch, max(0, s.epochs - self.state.epoch - 1)
         exact = len(self.costs) * left <= _EXACT_PLAN_DOCS
         later = sum(self.plan(e).steps for e in range(epoch + 1, s.epochs)) if exact else plan.steps * left
         return (min(this_epoch + later, m) if m else this_epoch + later), exact
 
     def _horizon_reached(self) -> bool:
         m = self._max_steps()
-        return bool(m) and self.state["global_step"] >= m
+        return bool(m) and self.state.global_step >= m
+
+    def _steps_left(self) -> bool:
+        return self.state.epoch < self.cfg.schedule.epochs and not self._horizon_reached()
+
+    def _nothing_left(self) -> bool:
+        """No step is left to train: the last epoch or max_steps reached, or the run stopped early (started again,
+        e.g. a requeue, it must not train past its stop)."""
+        s, state = self.cfg.schedule, self.state
+        if not self._steps_left() or state.early_stopped:
+            return True
+        # a run that stopped at max_steps on the last step of its last epoch has no step left either (its epoch
+        # counter was not advanced): a longer max_steps does not make it train, evaluate or register again
+        return state.finished and state.epoch == s.epochs - 1 and state.step_in_epoch >= self.plan(state.epoch).steps
+
+    @property
+    def _registered(self) -> Path:
+        return self.run_dir / "export" / "registry.json"
+
+    def plan_run(self) -> RunPlan | None:
+        """After the resume, what is left: None when the run finished and published before (started again, e.g. a
+        requeue after its last step: nothing to do); else the current epoch's plan and the run's total steps.
+        A finished run given a longer schedule trains on: its final evaluation and export are redone at the new
+        end (kept, they would label the new weights with the old end's metrics). A finished run whose export did
+        not complete publishes only (`_finish`)."""
+        state, nothing_left = self.state, self._nothing_left()
+        if state.finished and not nothing_left:
+            state.finished, state.final_metrics = False, None
+        elif state.finished and self._registered.is_file():
+            return None
+        first = self.plan(state.epoch)
+        return RunPlan(first, *self.total_steps(first))
 
     # ---------------------------------------------------------------- resume
     def _resume(self) -> None:
         mode = self.cfg.checkpoint.resume
         if mode == "never":
             return
-        r = self.ckpt.resume(self.engine, None if mode == "auto" else mode)
+        r = self.checkpointer.manager.resume(self.engine, None if mode == "auto" else mode)
         if r is None:
             return
-        s = self.cfg.schedule
-        old_micro = r.state.get("micro_per_step", r.state.get("world_size", 1) * s.grad_accum)
-        if r.state.get("config_hash") != self.state["config_hash"] and self.rt.is_main:
+        state, saved = self.state, TrainState.from_dict(r.state)
+        old_micro = r.state.get("micro_per_step", saved.world_size * self.cfg.schedule.grad_accum)
+        other_config = r.state.get("config_hash") != state.config_hash
+        if other_config and self.rt.is_main:
             log.warning("resuming %s written with a different config (hash %s, now %s)", r.tag,
-                        r.state.get("config_hash"), self.state["config_hash"])
-        keep = ("config_hash", "world_size", "micro_per_step")
-        self.state.update({k: v for k, v in r.state.items() if k not in keep})
-        if mode != "auto" or r.state.get("config_hash") != self.state["config_hash"]:
+                        r.state.get("config_hash"), state.config_hash)
+        state.restore(r.state)
+        if mode != "auto" or other_config:
             # a chosen (older) tag or another config: the steps after it are a new timeline, not a replay of
             # what was logged, and are logged again
-            self.tracker.new_timeline_after(r.state["global_step"])
-        new_micro = self.rt.world_size * s.grad_accum
-        if old_micro != new_micro:  # keep the position in the data stream, counted in micro-batches
-            self.state["step_in_epoch"] = r.state["step_in_epoch"] * old_micro // new_micro
+            self.tracker.new_timeline_after(saved.global_step)
+        if old_micro != state.micro_per_step:  # keep the position in the data stream, counted in micro-batches
+            state.step_in_epoch = saved.step_in_epoch * old_micro // state.micro_per_step
         self.validator.restore()
-        self.checkpointer.last_saved = self.state["global_step"]   # this step's tag holds these weights
+        self.checkpointer.last_saved = state.global_step   # this step's tag holds these weights
         if self.rt.is_main:
             log.info("resumed from %s at step %d (epoch %d, step %d of the epoch)", r.path,
-                     self.state["global_step"], self.state["epoch"], self.state["step_in_epoch"])
-
-    # ---------------------------------------------------------------- evaluation
-    def valid_items(self, data=None, desc: str = "eval"):
-        """Yield (item, counted) over this rank's share of a split's batches (default: validation).
-
-        ZeRO-3's forward is collective, so every rank runs the same number of forwards; the padding
-        forwards (repeats of a real batch) come with counted=False and must be ignored.
-        """
-        from tqdm import tqdm
-
-        data = self.valid_data if data is None else data
-        s = self.cfg.schedule
-        costs = doc_costs(data.doc_num_tokens, data.doc_num_sentences)
-        plan = plan_epoch(costs, seed=s.seed, epoch=0, batch_tokens=s.batch_tokens,
-                          max_docs=s.max_docs_per_batch, world=1, accum=1)
-        batches = plan.batches[: s.eval_batches] if s.eval_batches else plan.batches
-        W, r = self.rt.world_size, self.rt.rank
-        mine = batches[r::W]
-        padded = mine + [batches[0]] * (-(-len(batches) // W) - len(mine))
-        tty = sys.stderr.isatty()  # in a log file: a line every 30 s and a closing line, each ending in \n
-        bar = tqdm(total=len(padded), desc=desc, unit="batch", leave=not tty, disable=not self.rt.is_main,
-                   mininterval=0.5 if tty else 30.0, ascii=not tty)
-        self.engine.eval()
-        try:
-            with torch.no_grad():
-                for i, item in enumerate(make_loader(self.task, data, padded, 0, 0)):
-                    yield item.to(self.rt.device), i < len(mine)
-                    bar.update()
-        finally:
-            bar.close()
-            self.engine.train()
-
-    def all_sum(self, values: dict[str, float]) -> dict[str, float]:
-        return _all_sum(values, self.rt.device)
-
-    def evaluate(self) -> dict[str, float]:
-        if self.valid_data is None or len(self.valid_data) == 0:
-            return {}
-        return self.task.evaluate(self)
+                     state.global_step, state.epoch, state.step_in_epoch)
 
     # ---------------------------------------------------------------- one step
     def train_step(self, batches, window: Window) -> dict[str, torch.Tensor]:
@@ -261,10 +227,34 @@ class Trainer:
                 window.add_phase("data", wait)
             for k, v in item_stats.items():
                 stats[k] = stats.get(k, 0.0) + v.detach()
-        self.state["global_step"] += 1
-        self.state["step_in_epoch"] += 1
+        self.state.global_step += 1
+        self.state.step_in_epoch += 1
         window.steps += 1
         return stats
+
+    def _step(self, batches, window: Window, epoch: int) -> str:
+        """One optimizer step, then the components that each own their cadence: the step log, the validator
+        (evaluation, early stopping, model selection), the checkpointer and the preemption flag. Returns the
+        run's status: "finished" (train on), "early_stopped" or "preempted"."""
+        for k, v in self.train_step(batches, window).items():
+            self.unlogged[k] = self.unlogged.get(k, 0.0) + v
+        step, status = self.state.global_step, "finished"
+        if step % self.cfg.schedule.log_every == 0:
+            self._log_window(step, window, self.unlogged, epoch)
+            self.unlogged = {}
+        if self.validator.due(step) and self.validator.run(step):
+            status = "early_stopped"
+            self.state.early_stopped = True   # in every checkpoint from here: a resume does not train
+        if self.checkpointer.due(step):
+            self._save(step)
+        if self.flag.agreed(self.rt.device):   # even at an early stop: the resume publishes (see fit)
+            status = "preempted"
+        return status
+
+    def _save(self, step: int) -> None:
+        """Collective. A checkpoint, with the statistics not yet logged (a save off the log_every cadence)."""
+        self.state.train_window = gather_window(self.unlogged)
+        self.checkpointer.save(step)
 
     def _log_window(self, step: int, window: Window, stats: dict[str, Any], epoch: int,
                     summed: bool = False) -> None:
@@ -273,7 +263,7 @@ class Trainer:
         # alone: rates, memory and gradient norm of a process that did not train would read as a drop)
         trained = window.steps > 0
         m = window.flush() if trained else {}
-        totals = stats if summed else _all_sum({k: float(v) for k, v in stats.items()}, self.rt.device)
+        totals = stats if summed else all_sum({k: float(v) for k, v in stats.items()}, self.rt.device)
         m.update(self.task.summarize(totals, "train_"))
         lrs = self.engine.get_lr()
         m["lr"] = lrs[0]
@@ -293,7 +283,7 @@ class Trainer:
         """Collective. Log the statistics not yet logged when the run ends off the log_every cadence. Ranks can
         hold different keys (a resume on another world size restores the saved window on rank 0 alone), so
         every rank gathers them all and sums them itself."""
-        pending = _gather_window(stats)
+        pending = gather_window(stats)
         if not pending:
             return
         totals: dict[str, float] = {}
@@ -304,106 +294,102 @@ class Trainer:
 
     # ---------------------------------------------------------------- main loop
     def fit(self) -> TrainResult:
-        cfg, rt, s = self.cfg, self.rt, self.cfg.schedule
-        if rt.is_main:
-            save_resolved(cfg, self.run_dir)
+        if self.rt.is_main:
+            save_resolved(self.cfg, self.run_dir)
         self._resume()
-        done = self.run_dir / "export" / "registry.json"
-        # an early-stopped run has nothing left either: started again (a requeue), it must not train past its stop
-        nothing_left = self._horizon_reached() or self.state["epoch"] >= s.epochs or self.state.get("early_stopped")
-        if self.state.get("finished") and not nothing_left:
-            # a run that stopped at max_steps on the last step of its last epoch has no step left either (its epoch
-            # counter was not advanced): a longer max_steps does not make it train, evaluate or register again
-            last = self.state["epoch"] == s.epochs - 1
-            nothing_left = last and self.state["step_in_epoch"] >= self.plan(self.state["epoch"]).steps
-        if self.state.get("finished") and not nothing_left:
-            # a finished run given a longer schedule trains on: its final evaluation and export are redone at the
-            # new end (kept, they would label the new weights with the old end's metrics)
-            self.state.pop("finished")
-            self.state.pop("final_metrics", None)
-        if self.state.get("finished") and nothing_left and done.is_file():
-            # A finished run started again (e.g. a requeue after the last step): nothing left to do.
-            if rt.is_main:
-                log.info("run already finished at step %d; export: %s", self.state["global_step"], done.parent)
-            left = self._send_outbox()  # what an outage left behind (metrics, the registration)
-            version = json.loads(done.read_text()).get("version")
-            return TrainResult("finished", self.state["global_step"], done.parent, {}, version, left)
-        first_plan = self.plan(self.state["epoch"])
-        total, self.total_exact = self.total_steps(first_plan)
-        self.step_log = StepLog(total, self.state["global_step"], rt.is_main)
-        if rt.is_main:
-            log.info("%s", banner(self.banner_facts(first_plan)))
-        tags = {"stage": cfg.run.stage, "task": self.task.name, "world_size": str(rt.world_size),
-                "dataset_manifest": self.manifest_hash(), "precision": rt.precision,
-                "zero_stage": str(cfg.deepspeed.zero_stage)}
-        self.state["mlflow_run_id"] = self.tracker.start(self.state["mlflow_run_id"], tags) or self.state["mlflow_run_id"]
-        window = Window(default_peak_tflops(rt.device, cfg.tracking.peak_tflops), rt.world_size)
-        # a run preempted at the step that stopped it early resumes stopped: it publishes, it does not train
-        status, it = "early_stopped" if self.state.get("early_stopped") else "finished", None
+        run = self.plan_run()
+        if run is None:
+            return self._already_finished()
+        self._start(run)
+        window = Window(default_peak_tflops(self.rt.device, self.cfg.tracking.peak_tflops), self.rt.world_size)
         # the statistics of the steps since the last logged one, as the checkpoint kept them (a save off the
         # log_every cadence): the first window logged after a resume covers the same steps as without one
-        train_stats = _restore_window(self.state.get("train_window"), rt.rank, rt.world_size, rt.device)
-        plan, epoch = first_plan, self.state["epoch"]
+        self.unlogged = restore_window(self.state.train_window, self.rt.rank, self.rt.world_size, self.rt.device)
+        # a run preempted at the step that stopped it early resumes stopped: it publishes, it does not train
+        status = "early_stopped" if self.state.early_stopped else "finished"
+        plan, epoch, it = run.first, self.state.epoch, None
         try:
-            while self.state["epoch"] < s.epochs and status == "finished" and not self._horizon_reached():
-                epoch = self.state["epoch"]
+            while status == "finished" and self._steps_left():
+                epoch = self.state.epoch
                 plan = plan if plan is not None else self.plan(epoch)
-                start = self.state["step_in_epoch"]
                 self._close(it)
-                it = iter(make_loader(self.task, self.train_data, plan.rank_batches(rt.rank, rt.world_size,
-                          s.grad_accum, start), epoch, cfg.data.num_workers_loader,
-                          pin_memory=rt.device.type == "cuda"))
-                for _ in range(start, plan.steps):
-                    for k, v in self.train_step(it, window).items():
-                        train_stats[k] = train_stats.get(k, 0.0) + v
-                    step = self.state["global_step"]
-                    if step % s.log_every == 0:
-                        self._log_window(step, window, train_stats, epoch)
-                        train_stats = {}
-                    if self.validator.due(step) and self.validator.run(step):
-                        status = "early_stopped"
-                        self.state["early_stopped"] = True   # in every checkpoint from here: a resume does not train
-                    if self.checkpointer.due(step):
-                        self.state["train_window"] = _gather_window(train_stats)
-                        self.checkpointer.save(self.engine, step, self.state)
-                    if self.flag.agreed(rt.device):   # even at an early stop: the resume publishes (see above)
-                        status = "preempted"
+                it = self._batches(plan, epoch)
+                for _ in range(self.state.step_in_epoch, plan.steps):
+                    status = self._step(it, window, epoch)
                     if status != "finished" or self._horizon_reached():
                         break
                 else:  # the epoch ran to its end
-                    self.state["epoch"] += 1
-                    self.state["step_in_epoch"] = 0
+                    self.state.epoch += 1
+                    self.state.step_in_epoch = 0
                 plan = None
             self._close(it)
-            step = self.state["global_step"]
             if status == "preempted":
-                self.state["train_window"] = _gather_window(train_stats)
-                self.checkpointer.save(self.engine, step, self.state)
-                if rt.is_main:
-                    log.warning("preempted by %s: checkpoint at step %d, exiting for requeue",
-                                self.flag.signal_name or "a peer rank", step)
-                self.tracker.end("KILLED")
-                return TrainResult(status, step, None, self.validator.last)
-            if self.state.get("finished") and "final_metrics" in self.state:
-                # finished earlier, its export did not complete (a full disk): publish only — evaluating or
-                # saving the final checkpoint again would re-count it among the best and rewrite a complete tag
-                metrics = self.state["final_metrics"]
-            else:
-                # the steps since the last logged one (max_steps or an early stop off the log_every cadence)
-                self._log_last_window(step, window, train_stats, epoch)
-                metrics = self.validator.final(step)
-                self.state["finished"], self.state["final_metrics"] = True, metrics
-                self.state["train_window"] = None  # logged above, not an earlier save's
-                self.checkpointer.save(self.engine, step, self.state, force=True)  # marks the run finished
-            export_dir, version = publish(self, step, metrics)
-            self.tracker.end()
-            left = self._send_outbox()
-            version = version or json.loads((export_dir / "registry.json").read_text()).get("version")
-            return TrainResult(status, step, export_dir, metrics, version, left)
+                return self._preempted()
+            return self._finish(status, window, epoch)
         except BaseException:
             self._close(it)
             self.tracker.end("FAILED")
             raise
+
+    def _already_finished(self) -> TrainResult:
+        """A finished run started again (e.g. a requeue after the last step): nothing left to do."""
+        done = self._registered
+        if self.rt.is_main:
+            log.info("run already finished at step %d; export: %s", self.state.global_step, done.parent)
+        left = self._send_outbox()  # what an outage left behind (metrics, the registration)
+        version = json.loads(done.read_text()).get("version")
+        return TrainResult("finished", self.state.global_step, done.parent, {}, version, left)
+
+    def _start(self, run: RunPlan) -> None:
+        """The step log's planned total, the banner, the tracking run (new, or a resumed run's again)."""
+        cfg, rt = self.cfg, self.rt
+        self.step_log.begin(run.total_steps, self.state.global_step)
+        if rt.is_main:
+            log.info("%s", banner(self.banner_facts(run)))
+        tags = {"stage": cfg.run.stage, "task": self.task.name, "world_size": str(rt.world_size),
+                "dataset_manifest": manifest_hash(cfg), "precision": rt.precision,
+                "zero_stage": str(cfg.deepspeed.zero_stage)}
+        self.state.mlflow_run_id = self.tracker.start(self.state.mlflow_run_id, tags) or self.state.mlflow_run_id
+
+    def _batches(self, plan: BatchPlan, epoch: int):
+        """This rank's micro-batches of the epoch, from the step the run is at."""
+        s, rt = self.cfg.schedule, self.rt
+        batches = plan.rank_batches(rt.rank, rt.world_size, s.grad_accum, self.state.step_in_epoch)
+        return iter(make_loader(self.task, self.train_data, batches, epoch, self.cfg.data.num_workers_loader,
+                                pin_memory=rt.device.type == "cuda"))
+
+    def _preempted(self) -> TrainResult:
+        """Collective. Checkpoint where the run is and stop, for the requeue to resume."""
+        step = self.state.global_step
+        self._save(step)
+        if self.rt.is_main:
+            log.warning("preempted by %s: checkpoint at step %d, exiting for requeue",
+                        self.flag.signal_name or "a peer rank", step)
+        self.tracker.end("KILLED")
+        return TrainResult("preempted", step, None, self.validator.last)
+
+    def _finish(self, status: str, window: Window, epoch: int) -> TrainResult:
+        """Collective. The end: the last window, the final evaluation and checkpoint (marked finished), then
+        export and registry."""
+        state, step = self.state, self.state.global_step
+        if state.finished and state.final_metrics is not None:
+            # finished earlier, its export did not complete (a full disk): publish only — evaluating or
+            # saving the final checkpoint again would re-count it among the best and rewrite a complete tag
+            metrics = state.final_metrics
+        else:
+            # the steps since the last logged one (max_steps or an early stop off the log_every cadence)
+            self._log_last_window(step, window, self.unlogged, epoch)
+            metrics = self.validator.final(step)
+            state.finished, state.final_metrics = True, metrics
+            state.train_window = None  # logged above, not an earlier save's
+            self.checkpointer.save(step, force=True)  # marks the run finished
+        export_dir, version = publish(self.cfg, self.task, step, metrics, selection=self.validator,
+                                      tracker=self.tracker, rt=self.rt, train_data=self.train_data,
+                                      encoder_prefix=self.encoder_prefix)
+        self.tracker.end()
+        left = self._send_outbox()
+        version = version or json.loads((export_dir / "registry.json").read_text()).get("version")
+        return TrainResult(status, step, export_dir, metrics, version, left)
 
     def _send_outbox(self) -> int:
         """Rank 0, after the last collective: wait up to tracking.outage_wait_s for a server that went away to
@@ -423,13 +409,12 @@ class Trainer:
             shutdown()
 
     # ---------------------------------------------------------------- provenance
-    def banner_facts(self, plan: BatchPlan) -> dict[str, Any]:
-        cfg, rt, s = self.cfg, self.rt, self.cfg.schedule
+    def banner_facts(self, run: RunPlan) -> dict[str, Any]:
+        cfg, rt, s, state = self.cfg, self.rt, self.cfg.schedule, self.state
         n_params = sum(p.numel() for p in self.model.parameters())
         n_train = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        resume = (f"step {self.state['global_step']} (epoch {self.state['epoch']}, step {self.state['step_in_epoch']} "
-                  f"of the epoch)" if self.state["global_step"] else "fresh start")
-        manifest = Path(cfg.data.dataset_dir) / "manifest.json"
+        resume = (f"step {state.global_step} (epoch {state.epoch}, step {state.step_in_epoch} "
+                  f"of the epoch)" if state.global_step else "fresh start")
         return {
             "run": f"{cfg.run.name} ({self.task.name}, stage {cfg.run.stage}) -> {self.run_dir}",
             "parameters": f"{n_params / 1e6:.2f}M ({n_train / 1e6:.2f}M trainable)",
@@ -438,28 +423,15 @@ class Trainer:
             "precision": rt.precision,
             "tokens per step": f"<= {s.batch_tokens * rt.world_size * s.grad_accum:,} "
                                f"({s.batch_tokens:,} x {rt.world_size} ranks x {s.grad_accum} accumulation)",
-            "total steps": f"{'' if self.total_exact else '~'}{self.step_log.total} ({s.epochs} epochs, "
-                           f"{plan.steps} steps in epoch {self.state['epoch']}'s plan"
-                           f"{'' if self.total_exact else '; later epochs estimated from it'}"
+            "total steps": f"{'' if run.exact else '~'}{run.total_steps} ({s.epochs} epochs, "
+                           f"{run.first.steps} steps in epoch {state.epoch}'s plan"
+                           f"{'' if run.exact else '; later epochs estimated from it'}"
                            f"{f', capped at max_steps {s.max_steps}' if s.max_steps else ''})",
             "data": f"{cfg.data.dataset_dir}: {len(self.train_data):,} train / "
                     f"{len(self.valid_data) if self.valid_data is not None else 0:,} valid documents, "
-                    f"manifest {self.manifest_hash() if manifest.is_file() else 'none'}",
+                    f"manifest {manifest_hash(cfg)}",
             "init": cfg.run.init or "random",
             "resume": resume,
             "checkpoints": f"{cfg.checkpoint_dir} every {cfg.checkpoint.every_steps or 'end-only'} steps, "
                            f"keep {cfg.checkpoint.keep_last}",
         }
-
-    def data_settings(self) -> dict[str, Any]:
-        """How the training data was made (segmenter, limits, tokenizer): `summarize` redoes exactly this."""
-        m = Path(self.cfg.data.dataset_dir) / "manifest.json"
-        if not m.is_file():
-            return {}
-        manifest = json.loads(m.read_text())
-        return {k: manifest[k] for k in ("segmenter", "limits", "tokenizer", "kind", "clusters", "synthetic")
-                if k in manifest}
-
-    def manifest_hash(self) -> str:
-        m = Path(self.cfg.data.dataset_dir) / "manifest.json"
-        return file_hash(m) if m.is_file() else "none"

@@ -209,7 +209,7 @@ def viewer_data(result: dict[str, Any], docs: Sequence[Any], meta: dict[str, Any
                 "scores": {m: per_doc[name][m][k] for m in ("rouge1_f", "rouge2_f", "rougeL_f")
                            if name in per_doc and m in per_doc[name]}}
         rows.append(entry)
-    title = f"{str(meta.get('task', 'extractive')).capitalize()} summaries on {meta.get('split', '?')}: " \
+    title = f"{str(meta.get('task', 'summarization')).capitalize()} summaries on {meta.get('split', '?')}: " \
             f"{len(rows)} documents"
     return {"title": title, "systems": systems, "documents": rows,
             "meta": {k: v for k, v in meta.items() if isinstance(v, (str, int, float, bool)) or v is None}}

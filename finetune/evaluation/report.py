@@ -16,14 +16,14 @@ from typing import Any
 import numpy as np
 
 from hibert.errors import UserError
-from hibert.finetune.base.rouge import Rouge, format_p, paired_bootstrap, summarize_scores, verdict
+from hibert.finetune.evaluation.rouge import Rouge, format_p, paired_bootstrap, summarize_scores, verdict
 
 # under every paired table of a single-run report
 ONE_SEED = ("One training seed of this model: its intervals carry document variance only, and another seed can "
             "move it by more than these differences; order trained systems with `hibert compare NAME=run ...` over "
             "several seeds (`--seeds` / `slurm.seeds`).")
 from hibert.finetune.base.selection import lead, oracle_from_labels
-from hibert.finetune.base.viewer import write_viewer
+from hibert.finetune.evaluation.viewer import write_viewer
 
 log = logging.getLogger("hibert.evaluate")
 HEADLINE = ("rouge1_f", "rouge2_f", "rougeL_f", "rougeLsum_f")
@@ -119,7 +119,7 @@ def score_systems(docs: list[Document], systems: dict[str, list[list[str]]], n_r
 
 def write_report(out_dir: Path, result: dict[str, Any], docs: list[Document], meta: dict[str, Any]) -> dict[str, Path]:
     """report.json, report.md, rouge.png and the output viewer (viewer.html); returns their paths."""
-    import matplotlib
+    import matplotlib  # lazy: ~0.4 s, and the backend must be chosen before pyplot loads
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -134,7 +134,7 @@ def write_report(out_dir: Path, result: dict[str, Any], docs: list[Document], me
                "multi_reference": "max over references per document" if result["multi_reference"] else "single"}
     (out_dir / "report.json").write_text(json.dumps(payload, indent=1))
 
-    lines = [f"# {meta.get('task', 'extractive').capitalize()} summarization report", "",
+    lines = [f"# {meta.get('task', 'summarization').capitalize()} summarization report", "",
              f"- documents: {result['num_documents']}",
              *[f"- {k}: {v}" for k, v in meta.items()],
              f"- ROUGE: {payload['rouge_implementation']}; F1 x 100 with bootstrap 95% CI over documents",

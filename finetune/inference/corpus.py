@@ -1,4 +1,4 @@
-"""Corpus-scale `hibert summarize --output`: a large JSONL file or a local Hugging Face dataset summarized in a
+"""Corpus-scale `hibert summarize --output` (its input: finetune/inference/source.py): a large JSONL file or a local Hugging Face dataset summarized in a
 stream, split over processes (`--nproc`) or Slurm array tasks (`--shard I/N`), resumable, one ordered output.
 
 - **Streaming.** Input is read a record at a time (JSONL line by line; a `save_to_disk` dataset by index from its
@@ -23,225 +23,25 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import heapq
 import json
 import os
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hibert.durable import write_atomic
 from hibert.errors import UserError
+from hibert.finetune.inference.source import Record, Shard, Source
+from hibert.finetune.inference.text import Summary
 from hibert.open_files import raise_soft_limit
-from hibert.finetune.base.text import InputError, Summary, check_length, is_json_lines
 
 
-@dataclass(frozen=True)
-class Shard:
-    index: int = 0
-    count: int = 1
-
-    @classmethod
-    def parse(cls, text: str) -> "Shard":
-        """'I/N' with 0 <= I < N (a Slurm array task: --shard "$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT")."""
-        try:
-            i, n = (int(x) for x in text.split("/"))
-        except ValueError:
-            raise UserError(f"--shard {text!r}: expected I/N, e.g. 0/4") from None
-        if n < 1 or not 0 <= i < n:
-            raise UserError(f"--shard {text}: needs 0 <= I < N")
-        return cls(i, n)
-
-    def owns(self, position: int) -> bool:
-        return position % self.count == self.index
-
-
-@dataclass
-class Record:
-    position: int                        # 0-based position in the input (JSONL: line number - 1)
-    doc_id: str
-    body: Any = None                     # text, or a list of texts for a cluster
-    skipped: str | None = None           # why it cannot be summarized (kind: message)
-
-
-@dataclass
-class Source:
-    """Where records come from: a JSONL file or a `datasets.save_to_disk` directory (`split` of a DatasetDict)."""
-    path: Path
-    field: str = "text"
-    id_field: str | None = None
-    split: str | None = None
-    clusters: bool = False
-    max_chars: int = 1_000_000
-    name: str = ""
-
-    def __post_init__(self) -> None:
-        self.path = Path(self.path)
-        if self.path.is_dir():
-            if not any((self.path / f).is_file() for f in ("dataset_info.json", "dataset_dict.json", "state.json")):
-                raise UserError(f"--input {self.path}: a directory, but not a dataset saved with "
-                                "datasets' save_to_disk (no dataset_info.json / dataset_dict.json)")
-        elif not self.path.is_file():
-            raise UserError(f"--input {self.path}: no such file or dataset directory")
-        elif not is_json_lines(self.path.name):
-            raise UserError(f"--input {self.path}: corpus mode (--output) reads JSON Lines (.jsonl) or a saved "
-                            "datasets directory")
-        if self.path.is_file():
-            self.name = self.path.name
-            return
-        # the split is resolved here, once: every process (and the stats) names the one that is read
-        splits = self._splits()
-        if splits is not None:
-            self.split = self.split or ("test" if "test" in splits else splits[0])
-            if self.split not in splits:
-                raise UserError(f"--input {self.path}: no split {self.split!r} (splits: {', '.join(splits)})")
-        self.name = f"{self.path.name}[{self.split or 'train'}]"
-
-    def _splits(self) -> list[str] | None:
-        """The splits of a saved DatasetDict (its dataset_dict.json), None for a single saved Dataset."""
-        index = self.path / "dataset_dict.json"
-        if not index.is_file():
-            return None
-        try:
-            splits = json.loads(index.read_text())["splits"]
-            assert isinstance(splits, list) and splits and all(isinstance(x, str) for x in splits)
-        except (OSError, ValueError, KeyError, TypeError, AssertionError):
-            raise UserError(f"--input {self.path}: cannot read its dataset_dict.json (not a dataset saved with "
-                            "datasets' save_to_disk, or damaged)") from None
-        return splits
-
-    def check(self) -> None:
-        """Open a dataset input once, so that a damaged one is reported as an input problem, before any model
-        loads (a JSONL input is read line by line, its bad lines skipped and counted, but a pretty-printed JSON
-        file, whose every line would be skipped, is refused here)."""
-        if not self.path.is_dir():
-            self._check_json_lines()
-            return
-        try:
-            len(self._dataset())
-        except UserError:
-            raise
-        except Exception as e:  # noqa: BLE001 - datasets/pyarrow raise many types for a damaged directory
-            raise UserError(f"--input {self.path}: cannot read the saved dataset ({type(e).__name__}: "
-                            f"{str(e)[:200]})") from None
-
-    def _check_json_lines(self) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                first = next((line.strip() for line in f if line.strip()), b"")
-        except OSError:
-            return   # reported where the records are read
-        if first in (b"[", b"{") or (first.startswith(b"[") and not _parses(first)):
-            raise UserError(f"--input {self.path}: pretty-printed JSON, not JSON lines (one object per line); "
-                            f"convert it, e.g. jq -c '.[]' {self.path} > {self.path.stem}.jsonl")
-
-    @property
-    def key(self) -> str:
-        return ("documents" if self.field == "text" else self.field) if self.clusters else self.field
-
-    # ------------------------------------------------------------------------------------------ reading
-    def _dataset(self):
-        from datasets import DatasetDict, load_from_disk
-
-        ds = load_from_disk(str(self.path))
-        if isinstance(ds, DatasetDict):
-            if self.split not in ds:
-                raise UserError(f"--input {self.path}: no split {self.split!r} (splits: {', '.join(ds)})")
-            ds = ds[self.split]
-        return ds
-
-    def count(self, shard: "Shard | None" = None) -> int:
-        """Records in the input (JSONL: non-blank lines) that `shard` owns (all: None), for the progress bar."""
-        shard = shard or Shard()
-        if self.path.is_dir():
-            return len(range(shard.index, len(self._dataset()), shard.count))
-        with open(self.path, "rb") as f:
-            return sum(1 for pos, line in enumerate(f) if shard.owns(pos) and line.strip())
-
-    def records(self, shard: Shard, after: int = -1) -> Iterator[Record]:
-        """The shard's records past position `after`, in input order; bad ones as skipped records."""
-        if self.path.is_dir():
-            ds = self._dataset()
-            start = shard.index if after < 0 else after + 1 + (shard.index - after - 1) % shard.count
-            for i in range(start, len(ds), shard.count):
-                yield self._record(i, ds[i], f"{self.name}:{i + 1}")
-            return
-        with open(self.path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                pos = lineno - 1
-                if pos <= after or not shard.owns(pos) or not raw.strip():
-                    continue
-                where = f"{self.name}:{lineno}"
-                try:
-                    rec = json.loads(raw.decode("utf-8"))
-                except UnicodeDecodeError as e:
-                    yield Record(pos, where, skipped=f"not UTF-8: {where}: {e.reason} at byte {e.start}")
-                    continue
-                except json.JSONDecodeError as e:
-                    yield Record(pos, where, skipped=f"invalid JSON: {where}: {e.msg}")
-                    continue
-                except RecursionError:
-                    yield Record(pos, where, skipped=f"invalid JSON: {where}: nested too deeply")
-                    continue
-                except ValueError as e:   # an integer past Python's digit limit, ...
-                    yield Record(pos, where, skipped=f"invalid JSON: {where}: {str(e)[:120]}")
-                    continue
-                yield self._record(pos, rec, where)
-
-    def _record(self, pos: int, rec: Any, where: str) -> Record:
-        if not isinstance(rec, dict):
-            return Record(pos, where, skipped=f"not an object: {where}: a JSON {type(rec).__name__}")
-        if self.id_field:
-            if rec.get(self.id_field) is None:
-                return Record(pos, where, skipped=f"no id: {where}: no id field {self.id_field!r}")
-            doc_id = str(rec[self.id_field])
-        else:
-            doc_id = str(rec["id"]) if isinstance(rec.get("id"), (str, int)) else where
-        body = rec.get(self.key)
-        # JSON can spell lone surrogates (\ud800), which no UTF-8 output line can hold
-        if not _utf8(doc_id) or not all(_utf8(t) for t in (body if isinstance(body, list) else [body])
-                                        if isinstance(t, str)):
-            return Record(pos, where, skipped=f"invalid text: {where}: a lone surrogate (not encodable as UTF-8)")
-        if self.clusters:
-            if not isinstance(body, list) or not body or not all(isinstance(d, str) for d in body):
-                return Record(pos, doc_id, skipped=f"no text: {where}: no list of document strings in {self.key!r}")
-            if not any(d.strip() for d in body):
-                return Record(pos, doc_id, skipped=f"empty: {where}: every document of the cluster is empty")
-            texts = body
-        else:
-            if not isinstance(body, str):
-                return Record(pos, doc_id, skipped=f"no text: {where}: no text field {self.key!r}")
-            if not body.strip():
-                return Record(pos, doc_id, skipped=f"empty: {where}: field {self.key!r} is empty")
-            texts = [body]
-        try:
-            for k, text in enumerate(texts):
-                check_length(text, f"{where} (document {k + 1})" if self.clusters else where, self.max_chars)
-        except InputError as e:
-            return Record(pos, doc_id, skipped=f"too long: {e}")
-        return Record(pos, doc_id, body)
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")   # a lone JSON "\ud800" escape: the one text UTF-8 cannot write
-
-
-def _parses(line: bytes) -> bool:
-    try:
-        json.loads(line)
-    except (ValueError, RecursionError):
-        return False
-    return True
-
-
-def _utf8(text: str) -> bool:
-    return _SURROGATE.search(text) is None
-
-
-# ---------------------------------------------------------------------------------------------- part files
 def part_path(output: Path, shard: Shard) -> Path:
     return output.with_name(f"{output.name}.part-{shard.index:05d}-of-{shard.count:05d}")
 
@@ -311,11 +111,13 @@ def check_shard_count(output: Path, count: int) -> None:
 
 def settings_fingerprint(model_digest: str, model_ref: str, field: str | None, split: str | None,
                          settings: dict[str, Any]) -> dict[str, Any]:
-    """What decides the summaries of a corpus run: the model, the input field and split, the flags. Not the
-    decoding batch size, which sets speed and memory: a run that ran out of memory resumes with a smaller one."""
-    decoding = {k: v for k, v in settings.get("decoding", {}).items() if k != "batch_size"}
-    return {"model": model_digest, "model_ref": model_ref, "field": field, "split": split,
-            "settings": {**settings, "decoding": decoding}}
+    """What decides the summaries of a corpus run: the model, the input field and split, its settings
+    (`model_settings`: the head's resolved inference settings). Not a batch size, which sets speed and memory: a
+    run that ran out of memory resumes with a smaller one."""
+    own = settings.get("model_settings")
+    if isinstance(own, dict):
+        settings = {**settings, "model_settings": {k: v for k, v in own.items() if k != "batch_size"}}
+    return {"model": model_digest, "model_ref": model_ref, "field": field, "split": split, "settings": settings}
 
 
 def check_settings(output: Path, fingerprint: dict[str, Any] | None) -> None:
@@ -574,8 +376,6 @@ def stats_line(stats: dict[str, Any], output: Path) -> str:
 def export_digest(directory: Path) -> str:
     """A digest of a model directory's files (names, sizes, and the first and last MiB of each): two exports
     that differ anywhere but the middle of a weights file of the same size get different digests, cheaply."""
-    import hashlib
-
     h = hashlib.sha256()
     for p in sorted(directory.rglob("*")):
         rel = p.relative_to(directory)

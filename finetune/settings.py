@@ -8,14 +8,14 @@ from typing import Any
 
 
 @dataclass
-class DecodingFlags:
-    """The decoding flags given on the command line: `generation:` field -> value (the rest: the export's
-    generation.json decides). Which flags exist is the schema's (finetune/base/generation.py)."""
-    decoding: dict[str, Any] = field(default_factory=dict)
+class GivenFlags:
+    """The settings flags given on the command line: flag -> value (--beam: 4); the rest, the export's own
+    settings decide. Which flags exist is the heads' (finetune/inference/flags.py)."""
+    flags: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
-class EvalSettings(DecodingFlags):
+class EvalSettings(GivenFlags):
     split: str = "test"
     out: Path | None = None              # report directory (default: <run dir>/report-<split>)
     no_tune: bool = False                # extractive: keep the model's k and trigram blocking
@@ -30,8 +30,7 @@ class EvalSettings(DecodingFlags):
 
 
 @dataclass
-class SummarizeSettings(DecodingFlags):
-    k: int | None = None                 # extractive: sentences to extract (default: the model's)
+class SummarizeSettings(GivenFlags):
     ranking: str | None = None           # clusters: unit ranking (default: as trained)
 
 

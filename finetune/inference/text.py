@@ -9,12 +9,14 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from hibert.config.data import DataConfig, SegmenterConfig
 from hibert.data_prep import tokenizer as tok
 from hibert.data_prep.process import Sentencizer
+from hibert.json_lines import NOT_OBJECT, BadLine, json_lines
 
 _PTB_MARKERS = re.compile(r"(-lrb-|-rrb-| n't\b| 's\b| `` | '' )")
 
@@ -60,28 +62,29 @@ def read_documents(source: str, field: str, limit: int | None = None) -> Iterato
     case) or '-' (stdin). A record that is not an object with a non-empty text `field` is an error naming its
     line (a cluster record, which holds a list of documents, says so)."""
     name, text = _read_text(source)
-    if is_json_lines(name):
-        n = 0
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{name}:{lineno}: invalid JSON ({e.msg})") from None
-            if isinstance(rec, dict) and isinstance(rec.get("documents"), list) and field not in rec:
-                raise InputError(f"{name}:{lineno}: a cluster (a 'documents' list), but this model summarizes single "
-                                 "documents: use a multi-document (mds) model, or --field to name a text field")
-            if not isinstance(rec, dict) or not isinstance(rec.get(field), str):
-                raise InputError(f"{name}:{lineno}: no text field {field!r} (use --field)")
-            if not rec[field].strip():
-                raise InputError(f"{name}:{lineno}: field {field!r} is empty, nothing to summarize")
-            yield f"{name}:{lineno}", rec[field]
-            n += 1
-            if limit and n >= limit:
-                return
-    else:
+    if not is_json_lines(name):
         yield name, text
+        return
+    for where, rec in _records(name, text, limit):
+        if isinstance(rec, dict) and isinstance(rec.get("documents"), list) and field not in rec:
+            raise InputError(f"{where}: a cluster (a 'documents' list), but this model summarizes single "
+                             "documents: use a multi-document (mds) model, or --field to name a text field")
+        if not isinstance(rec, dict) or not isinstance(rec.get(field), str):
+            raise InputError(f"{where}: no text field {field!r} (use --field)")
+        if not rec[field].strip():
+            raise InputError(f"{where}: field {field!r} is empty, nothing to summarize")
+        yield where, rec[field]
+
+
+def _records(name: str, text: str, limit: int | None) -> Iterator[tuple[str, dict[str, Any] | None]]:
+    """("name:line", object) of each non-blank line of a JSON Lines input, at most `limit`; an object's place
+    holds None for a line that is JSON but not an object; a line that is not JSON is an error naming it."""
+    for n, got in enumerate(json_lines(text.splitlines()), 1):
+        if isinstance(got, BadLine) and got.kind != NOT_OBJECT:
+            raise InputError(f"{name}:{got.lineno}: invalid JSON ({got.detail})")
+        yield (f"{name}:{got.lineno}", None) if isinstance(got, BadLine) else (f"{name}:{got[0]}", got[1])
+        if limit and n >= limit:
+            return
 
 
 def _read_text(source: str) -> tuple[str, str]:
@@ -113,23 +116,13 @@ def read_clusters(sources: list[str], field: str, limit: int | None = None) -> I
     if len(sources) == 1 and is_json_lines(sources[0]):
         name, text = _read_text(sources[0])
         key = "documents" if field == "text" else field
-        n = 0
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{name}:{lineno}: invalid JSON ({e.msg})") from None
-            docs = rec.get(key) if isinstance(rec, dict) else None
+        for where, rec in _records(name, text, limit):
+            docs = rec.get(key) if rec is not None else None
             if not isinstance(docs, list) or not docs or not all(isinstance(d, str) for d in docs):
-                raise InputError(f"{name}:{lineno}: no list of document strings in field {key!r} (use --field)")
+                raise InputError(f"{where}: no list of document strings in field {key!r} (use --field)")
             if not any(d.strip() for d in docs):
-                raise InputError(f"{name}:{lineno}: every document of the cluster is empty")
-            yield f"{name}:{lineno}", docs
-            n += 1
-            if limit and n >= limit:
-                return
+                raise InputError(f"{where}: every document of the cluster is empty")
+            yield where, docs
     else:
         texts = [_read_text(s) for s in sources]
         name = texts[0][0] if len(texts) == 1 else f"{texts[0][0]}+{len(texts) - 1}"
