@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 
 from hibert.config import Config, save_resolved
 from hibert.config.mds import ranking_kind
@@ -120,14 +121,30 @@ def _model_ref(cfg: Config, ref: str | None) -> str:
     return model_ref(cfg, ref)
 
 
-def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
-
-    settings = EvalSettings(flags=flags_from_args(args), **{
-        k: v for k, v in vars(args).items() if k in EvalSettings.__dataclass_fields__ and k != "flags"})
-    try:  # flags that cannot work fail first, on one line naming the flag
+def _settings(kind: type, args: argparse.Namespace, command: str):
+    """The command's typed settings from its arguments; None (after one line naming the flag) when a flag cannot
+    work: such flags fail first, before anything resolves or loads."""
+    settings = kind(flags=flags_from_args(args), **{k: v for k, v in vars(args).items()
+                                                     if k in kind.__dataclass_fields__ and k != "flags"})
+    try:
         check_flags(settings.flags)
     except SettingError as e:
-        print(f"hibert evaluate: {e}", file=sys.stderr)
+        print(f"hibert {command}: {e}", file=sys.stderr)
+        return None
+    return settings
+
+
+def _fluency(head, local: Path, command: str) -> None:
+    """One line when the model's decoder cannot write yet (finetune/inference/fluency.py); the command goes on."""
+    note = fluency_note(local) if head.decodes else None
+    if note:
+        print(f"hibert {command}: note: {note}", file=sys.stderr)
+
+
+def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
+
+    settings = _settings(EvalSettings, args, "evaluate")
+    if settings is None:
         return 2
     uri = tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False)
     ref = _model_ref(cfg, args.model)
@@ -150,9 +167,7 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
     except ValueError as e:  # its settings files do not parse
         print(f"hibert evaluate: cannot load model {ref!r}: {e}", file=sys.stderr)
         return 2
-    note = fluency_note(local) if head.decodes else None
-    if note:
-        print(f"hibert evaluate: note: {note}", file=sys.stderr)
+    _fluency(head, local, "evaluate")
     try:
         clusters = DocumentDataset(cfg.data.dataset_dir, settings.split).is_clusters
         outcome = head.evaluate(cfg, settings, local, ref, clusters, resolved)
@@ -254,12 +269,8 @@ def _print_summary(s: Summary, clusters: bool, as_json: bool) -> None:
 
 def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
 
-    settings = SummarizeSettings(flags=flags_from_args(args), **{
-        k: v for k, v in vars(args).items() if k in SummarizeSettings.__dataclass_fields__ and k != "flags"})
-    try:  # flags that cannot work fail first, on one line naming the flag
-        check_flags(settings.flags)
-    except SettingError as e:
-        print(f"hibert summarize: {e}", file=sys.stderr)
+    settings = _settings(SummarizeSettings, args, "summarize")
+    if settings is None:
         return 2
     corpus_flags = [f for f, v in (("--nproc", args.nproc != 1), ("--shard", args.shard), ("--merge", args.merge),
                                    ("--shards", args.shards)) if v]
@@ -305,9 +316,7 @@ def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"hibert summarize: cannot load model {ref!r}: {e}", file=sys.stderr)
         return 2
-    note = fluency_note(local) if head.decodes else None
-    if note:
-        print(f"hibert summarize: note: {note}", file=sys.stderr)
+    _fluency(head, local, "summarize")
     try:
         summaries = summarizer.summarize_all(inputs)
     except InputError as e:

@@ -49,7 +49,7 @@ def signature(head: HeadSpec, export_dir: Path):
 
 
 def input_example(head: HeadSpec):
-    import pandas as pd
+    import pandas as pd  # lazy: ~0.3 s; a training rank imports this module, only an export writes its example
 
     if head.reads == "clusters":
         return pd.DataFrame({"id": ["example"], "documents": [[EXAMPLE_TEXT, EXAMPLE_TEXT.split(". ", 1)[1]]]})
@@ -66,7 +66,7 @@ def _project_version() -> str:
 def write_pyfunc_flavor(export_dir: Path) -> bool:
     """MLmodel + environment files into `export_dir`, for a head that summarizes; False for one that does not
     (an encoder, a ranker)."""
-    import mlflow
+    import mlflow  # lazy, with torch: MLflow ~1 s; the registry and serving import this module, a rank calls this once
     import torch
     from mlflow.models import Model
     from mlflow.models.utils import _save_example  # the example files MLflow's own save_model writes
