@@ -44,16 +44,21 @@ def is_secret_name(name: str) -> bool:
 
 # scheme://userinfo@ — userinfo runs to the LAST '@' before the path, so an unencoded '@' in a
 # password is still covered.
-_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#\s'\"]*)@")
+_SCHEME = r"(?P<scheme>(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://)"   # starts once per word (linear time)
+_USERINFO = re.compile(_SCHEME + r"(?P<userinfo>[^/?#\s'\"]*)@")
 # name=value (query strings, connection strings, shell assignments, --flag=value); an auth scheme word
 # (`auth=Basic <base64>`) is part of the value, so the credential after it is masked too
-_ASSIGN = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>\s*=\s*)"
+# Every pattern starts a name only where no name character stands before it (the lookbehinds): a candidate
+# starts once per word, so a long unbroken string is scanned in linear time, not once per position (a 40,000-
+# character value took a minute).
+_NAME_START = r"(?<![A-Za-z0-9_.-])"
+_ASSIGN = re.compile(_NAME_START + r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>\s*=\s*)"
                      r"(?P<value>\"[^\"]*\"|'[^']*'|(?:(?i:Bearer|Basic|Token|Digest)\s+)?[^\s&;,'\"]+)")
 # `Name: value` headers / YAML / JSON ("name": "value"); the colon must be followed by a space or quote
-_COLON = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>\"?\s*:\s+\"?|\"?:\")"
+_COLON = re.compile(_NAME_START + r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>\"?\s*:\s+\"?|\"?:\")"
                     r"(?P<value>(?:(?i:Bearer|Basic|Token|Digest)\s+)?[^\s,;\"'}]+)")
 # --password value / -p value style flags
-_FLAG = re.compile(r"(?P<name>--[A-Za-z][A-Za-z0-9_-]*)(?P<sep>\s+)"
+_FLAG = re.compile(r"(?<![A-Za-z0-9_-])(?P<name>--[A-Za-z][A-Za-z0-9_-]*)(?P<sep>\s+)"
                    r"(?P<value>\"[^\"]*\"|'[^']*'|(?:(?i:Bearer|Basic|Token|Digest)\s+)?[^\s\"'-][^\s]*)")
 # tokens recognisable without a name
 _KNOWN = re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|hf_[A-Za-z0-9]{20,}"
@@ -62,7 +67,8 @@ _KNOWN = re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20
 # password runs to the first '@' that is followed by a host (name, IPv4 or [IPv6], and port) and then a path, a
 # quote, a space or the end. Quotes are allowed in it (`it's`), so a quoted URI followed by an e-mail address on
 # the same line loses the text between them: over-eager on purpose
-_USERINFO_LOOSE = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^\n@]*?)"
+# (a password of at most 1,024 characters: the search from each scheme stops there, linear time)
+_USERINFO_LOOSE = re.compile(_SCHEME + r"(?P<user>[^:/@\s]{0,1024}):(?P<pw>[^\n@]{0,1024}?)"
                              r"@(?=(?:[A-Za-z0-9][A-Za-z0-9._-]*|\[[0-9A-Fa-f:.]*\]?)(?::\w*)?(?:[/?#\s'\"]|$))")
 # secrets carried in a URL path: Slack / Discord / Teams-style incoming webhooks
 _WEBHOOK = re.compile(r"(?P<base>https?://(?:hooks\.slack\.com/(?:services|workflows)|(?:[a-z]+\.)?discord(?:app)?\.com"
@@ -78,11 +84,16 @@ def _mask_userinfo(m: re.Match) -> str:
     return f"{m.group('scheme')}{user}:{MASK}@" if colon else f"{m.group('scheme')}{MASK}@"
 
 
-def _mask_named(m: re.Match) -> str:
+_MAX_NESTING = 8   # assignments inside assignments looked into; deeper, the value is masked (over-eager)
+
+
+def _mask_named(m: re.Match, depth: int = 0) -> str:
     value = m.group("value")
     if not is_secret_name(m.group("name")):
         # the value may hold its own assignment: --container-env=WANDB_API_KEY=...
-        return f"{m.group('name')}{m.group('sep')}{m.re.sub(_mask_named, value)}"
+        if depth >= _MAX_NESTING:
+            return f"{m.group('name')}{m.group('sep')}{MASK}"
+        return f"{m.group('name')}{m.group('sep')}{m.re.sub(lambda inner: _mask_named(inner, depth + 1), value)}"
     if value == MASK:
         return m.group(0)
     q = value[0] if value[:1] in "\"'" and value[-1:] == value[:1] and len(value) > 1 else ""

@@ -6,6 +6,7 @@ Every stage uses the same body, so preemption behaves the same for prep, pretrai
 """
 from __future__ import annotations
 
+import re
 import shlex
 import string
 from dataclasses import dataclass
@@ -87,8 +88,20 @@ def srun_options(r: SlurmResources) -> list[str]:
     return opts + list(r.srun_args)
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")   # control characters but tab
+
+
 def _words(args: list[str]) -> str:
     return " ".join(a if isinstance(a, Raw) else shlex.quote(a) for a in args)
+
+
+def _one_line(text: str, what: str) -> str:
+    """`text` where the script holds it on one line (an #SBATCH option, the job name): a control character
+    (a newline) would end that line, and what follows would run as a command."""
+    if _CONTROL.search(text):
+        raise ValueError(f"{what} {text[:200]!r} holds a control character (a newline?): refused, it would end "
+                         "its line of the sbatch script")
+    return text
 
 
 def render_job(spec: JobSpec) -> str:
@@ -96,11 +109,12 @@ def render_job(spec: JobSpec) -> str:
     env_lines = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in r.env.items())
     setup_lines = "".join(f"{line}\n" for line in r.setup)
     return _Template(TEMPLATE.read_text()).substitute(
-        sbatch_lines="\n".join(f"#SBATCH {o}" for o in sbatch_options(spec)),
-        description=spec.description or spec.name,
+        sbatch_lines="\n".join(_one_line(f"#SBATCH {o}", "sbatch option") for o in sbatch_options(spec)),
+        # a comment line: control characters become spaces (a newline in a value would end the comment)
+        description=_CONTROL.sub(" ", spec.description or spec.name),
         setup_lines=setup_lines,
         env_lines=env_lines,
-        job_name=spec.name,
+        job_name=_one_line(spec.name, "job name"),
         srun_args=_words(srun_options(r)),
         command=_words(spec.command),
         requeue_exit_code=REQUEUE_EXIT_CODE,

@@ -173,3 +173,19 @@ def test_summarize_nproc_children_get_the_parents_own_gpus(monkeypatch):
     assert _devices(3) == ["2", "3", "2"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert _devices(2) == [None, None]
+
+
+def test_settings_resolve_once_over_the_export_and_refuse_another_heads_flags(tmp_path):
+    """`resolve_settings`: the export's own settings with the flags given on top; a flag of another head's
+    settings (--beam for an extractive model) is one line, not silently ignored."""
+    from hibert.finetune.inference.flags import SettingError, check_flags, resolve_settings
+    from hibert.heads import get_head
+
+    (tmp_path / "extractive.json").write_text('{"top_k": 2, "trigram_blocking": true}')
+    head = get_head("extractive")
+    assert resolve_settings(head, tmp_path, {}).model_dump() == {"top_k": 2, "trigram_blocking": True}
+    assert resolve_settings(head, tmp_path, {"--k": 4}).top_k == 4
+    with pytest.raises(SettingError, match=r"--beam: does not apply to an extractive model \(its flags: --k\)"):
+        resolve_settings(head, tmp_path, {"--beam": 4})
+    with pytest.raises(SettingError, match=r"--k 0: must be >= 1"):
+        check_flags({"--k": 0})

@@ -392,3 +392,22 @@ def test_a_copied_store_refuses_to_log_into_the_original(tmp_path, capsys, monke
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)   # ensure_experiment exported the original's
     assert main(["evaluate", f"run.output_dir={copy}", "run.name=x", "--split", "test"]) == 2
     assert "was copied or moved" in capsys.readouterr().err and not (copy / "x").exists()
+
+
+def test_redaction_takes_linear_time_on_long_hostile_strings():
+    """Each pattern starts once per word: a long unbroken value, a long dotted name, many schemes without '@' or
+    deeply nested assignments are scanned in time linear in their length (a 40,000-character value took a
+    minute), and nesting past _MAX_NESTING is masked."""
+    import time
+
+    from hibert.redact import redact_uri
+
+    n = 200_000
+    for text in ("x" * n, "ab." * (n // 3), "a=" * (n // 2), "a: " * (n // 3), "--a " * (n // 4),
+                 "http://" * (n // 7), "x://a:" * (n // 6), "a:b@" * (n // 4)):
+        t0 = time.perf_counter()
+        redact_uri(text)
+        assert time.perf_counter() - t0 < 3.0, text[:12]
+    assert redact_uri("a=" * 20 + "b").endswith("=***")
+    assert redact_uri("--container-env=WANDB_API_KEY=abc https://u:p/w@h:5/x") == \
+        "--container-env=WANDB_API_KEY=*** https://u:***@h:5/x"

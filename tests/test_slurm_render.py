@@ -367,3 +367,17 @@ def test_summarize_stages_are_an_array_then_a_merge_reading_the_chains_model(tmp
     path.write_text(yaml.safe_dump(bad))
     with pytest.raises(ConfigError, match="args need --output"):
         load_config(path, [])
+
+
+def test_no_value_reaches_the_script_as_a_line_of_its_own(tmp_path):
+    """A newline in a value must not end a comment or an #SBATCH line of the rendered script (the next line
+    would run): overrides with control characters are refused at load time, a description keeps one comment
+    line, a job name or sbatch option with one is refused."""
+    with pytest.raises(ConfigError, match="control character"):
+        load_config(None, ["run.output_dir=/tmp/o\ntouch /tmp/pwned #"])
+    script = render_job(JobSpec(name="x", command=["true"], resources=SlurmResources(), log_dir=Path("/logs"),
+                                workdir=Path("/w"), description="stage a\ntouch /tmp/pwned #"))
+    assert "# stage a touch /tmp/pwned #" in script and "\ntouch /tmp/pwned" not in script
+    with pytest.raises(ValueError, match="control character"):
+        render_job(JobSpec(name="x\nid", command=["true"], resources=SlurmResources(), log_dir=Path("/logs"),
+                           workdir=Path("/w")))

@@ -110,11 +110,18 @@ def check_flags(given: dict[str, Any]) -> None:
 def resolve_settings(head: HeadSpec, export_dir: Path, given: dict[str, Any]) -> Any:
     """The head's inference settings for an export: its own stored settings (read once, no weights) with the
     flags given on top (their bounds were checked by `check_flags`), checked against the head's rules for the
-    export. None for a head without settings. Flags of other heads' settings do not apply and are left out."""
+    export. None for a head without settings. A flag of another head's settings (--beam for an extractive model)
+    is a SettingError: silently ignored, it would read as applied."""
     inference = head.inference
+    own = flags_of(inference.settings) if inference is not None else {}
+    foreign = sorted(set(given) - set(own))
+    if foreign:
+        takes = ", ".join(sorted(own)) or "none"
+        article = "an" if head.name[:1] in "aeiou" else "a"
+        raise SettingError(f"{', '.join(foreign)}: {'does' if len(foreign) == 1 else 'do'} not apply to {article} "
+                           f"{head.name} model (its flags: {takes})")
     if inference is None:
         return None
-    own = flags_of(inference.settings)
     fields = {own[flag].field: value for flag, value in given.items() if flag in own}
     base = inference.stored(Path(export_dir))
     if inference.check is not None:

@@ -79,9 +79,15 @@ def _resolve_sections(raw: dict[str, Any], base_dir: Path | None) -> dict[str, A
     return raw
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")   # control characters but tab
+
+
 def parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
         raise ConfigError(f"override {item!r} is not of the form dotted.key=value")
+    if _CONTROL.search(item):   # a newline in a value would reach generated scripts (hibert submit) as a new line
+        raise ConfigError(f"override {redact_uri(item)[:200]!r}: holds a control character (a newline?); values "
+                          "with them belong in a recipe file")
     key, _, value = item.partition("=")
     key = key.strip()
     if not key or any(not part for part in key.split(".")):
