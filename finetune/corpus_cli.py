@@ -20,6 +20,7 @@ from tqdm import tqdm
 from hibert.config import Config
 from hibert.errors import UserError
 from hibert.finetune.inference.corpus import (
+    check_complete,
     check_output,
     check_settings,
     check_shard_count,
@@ -61,28 +62,35 @@ def run_summarize_corpus(cfg: Config, args: argparse.Namespace, settings: Summar
         return _fail("--limit does not apply to --output (a corpus is summarized whole; cut the input instead)")
     try:
         check_output(output, Path(args.input[0]))
+        done = None
         if output.is_file() and stats_path(output).is_file():
-            stats = read_stats(output)
-            if stats is not None:
-                print(f"already complete: {stats_line(stats, output)}")
+            done = read_stats(output)
+            if done is None:
+                print(f"hibert summarize: note: {stats_path(output)} cannot be read: summarizing (or merging) again",
+                      file=sys.stderr)
+            elif done.get("settings") is None:   # made before outputs recorded their settings: taken as complete
+                print(f"already complete: {stats_line(done, output)}")
                 return 0
-            print(f"hibert summarize: note: {stats_path(output)} cannot be read: summarizing (or merging) again",
-                  file=sys.stderr)
-        return _run(cfg, args, settings, output)
+        return _run(cfg, args, settings, output, done)
     except UserError as e:
         return _fail(str(e))
 
 
-def _run(cfg: Config, args: argparse.Namespace, settings: SummarizeSettings, output: Path) -> int:
+def _run(cfg: Config, args: argparse.Namespace, settings: SummarizeSettings, output: Path,
+         done: dict | None) -> int:
+    """`done`: the stats of a finished `output` (None: not finished)."""
     shard = Shard.parse(args.shard) if args.shard else Shard(0, 1)
     if args.merge:   # joins the parts: the input only names itself in the stats
+        if done is not None:
+            print(f"already complete: {stats_line(done, output)}")
+            return 0
         if not args.shards:
             return _fail("--merge needs --shards N (how many shards the corpus was split into)")
         try:
             name = Source(Path(args.input[0]), args.field, args.id_field, args.split).name
         except UserError:
             name = Path(args.input[0]).name
-        stats = merge(output, args.shards, name)
+        stats = merge(output, args.shards, name, export_digest(Path(args.input[0])))
         print(stats_line(stats, output))
         return 0
     # the input is checked before the model resolves: its problems are not the model's
@@ -113,6 +121,10 @@ def _run(cfg: Config, args: argparse.Namespace, settings: SummarizeSettings, out
     fingerprint = settings_fingerprint(export_digest(local), args.model or ref, args.field, source.split,
                                        {"model_settings": resolved.model_dump() if resolved is not None else None,
                                         "ranking": settings.ranking})
+    if done is not None:   # finished: with the same model, settings and input only
+        check_complete(done, fingerprint, export_digest(source.path), output)
+        print(f"already complete: {stats_line(done, output)}")
+        return 0
     child = os.environ.get(CHILD_ENV) == "1"
     total = source.count(shard) if not args.no_progress and not child else None
     if local_procs:
@@ -140,7 +152,7 @@ def _run(cfg: Config, args: argparse.Namespace, settings: SummarizeSettings, out
         print(f"hibert summarize: resumed after input position {result.resumed_after} "
               f"({part_path(output, shard).name})", file=sys.stderr)
     if shard.count == 1:
-        print(stats_line(merge(output, 1, source.name), output))
+        print(stats_line(merge(output, 1, source.name, export_digest(source.path)), output))
     elif not child:
         print(f"shard {shard.index}/{shard.count}: {result.written} records written to "
               f"{part_path(output, shard)}; when all {shard.count} are done: hibert summarize ... --output {output} "
@@ -220,7 +232,7 @@ def _run_local(n: int, local: Path, source: Source, output: Path, total: int | N
     if code is not None:
         return code
     try:
-        stats = merge(output, n, source.name)
+        stats = merge(output, n, source.name, export_digest(source.path))
     except UserError as e:
         return _fail(str(e), 1)
     print(stats_line(stats, output))

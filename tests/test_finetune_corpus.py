@@ -296,3 +296,28 @@ def test_a_summarize_chain_that_could_only_fail_at_its_end_is_refused_at_plan_ti
         _chain([sum_], 4)
     with pytest.raises(ValueError, match="merges --output b, which no summarize stage writes"):
         _chain([sum_, {**merge_, "args": ["--input", "in.jsonl", "-o", "b"]}], 4)
+
+
+def test_a_finished_output_asked_for_with_other_settings_or_input_is_refused(tmp_path):
+    """The stats of a merged output record what it was made with (settings.json's fingerprint) and the input's
+    digest: the same again is "already complete", another model, other flags or a changed input is refused
+    (it would hide new work behind the old result); stats of older outputs, without them, stay complete."""
+    from hibert.finetune.inference.corpus import check_complete
+
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps({"id": str(i), "text": f"a b c {i}"}) + "\n" for i in range(4)))
+    fp = settings_fingerprint("d1", "m", "text", None, {"model_settings": {"beam_size": 4}})
+    summarize_shard(first_words, Source(src), out, Shard(0, 1), fingerprint=fp)
+    stats = merge(out, 1, src.name, export_digest(src))
+    assert stats["settings"]["model"] == "d1" and stats["input_digest"] == export_digest(src)
+    check_complete(stats, fp, export_digest(src), out)                                   # the same: complete
+    with pytest.raises(UserError, match=r"settings: .*beam_size.: 4.* then, .*beam_size.: 5.* now"):
+        check_complete(stats, settings_fingerprint("d1", "m", "text", None, {"model_settings": {"beam_size": 5}}),
+                       export_digest(src), out)
+    with pytest.raises(UserError, match='the model: "m" then'):
+        check_complete(stats, {**fp, "model": "d2"}, export_digest(src), out)
+    with open(src, "a") as f:
+        f.write(json.dumps({"id": "4", "text": "appended"}) + "\n")
+    with pytest.raises(UserError, match="the input: its content changed"):
+        check_complete(stats, fp, export_digest(src), out)
+    check_complete({k: v for k, v in stats.items() if k != "settings"}, fp, export_digest(src), out)  # older stats

@@ -323,6 +323,9 @@ def test_summarize_a_corpus_streams_resumes_after_kill9_and_splits_over_processe
 
     again = run_hibert([*base, "--output", killed], timeout=120)
     assert again.stdout.startswith("already complete: 32 records in")
+    # the finished output asked for with another setting is refused, not passed off as done
+    other = run_hibert([*base, "--output", killed, "--k", "1"], check=False, timeout=120)
+    assert other.returncode == 2 and "is complete, made with other settings or input" in other.stderr, other.stderr
     # --shard I/N + --merge (what a Slurm array does): test_summarize_a_corpus_as_a_slurm_array_then_merge
 
     from datasets import Dataset

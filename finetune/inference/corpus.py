@@ -129,15 +129,20 @@ def check_settings(output: Path, fingerprint: dict[str, Any] | None) -> None:
     path = settings_path(output)
     had = read_json(path, ("model",))
     if had is not None and _has_work(output):
-        diff = [k for k in sorted(set(had) | set(fingerprint)) if k != "model_ref" and had.get(k) != fingerprint.get(k)]
-        if diff:
-            shown = "; ".join("the model: " + _show(had.get("model_ref")) + " then" if k == "model" else
-                              f"{k}: {_show(had.get(k))} then, {_show(fingerprint.get(k))} now" for k in diff)
+        shown = _differences(had, fingerprint)
+        if shown:
             raise UserError(f"{output}: its part files were made with other settings ({shown}): rerun with the same "
                             f"model and flags to resume, or remove the part files and {path.name} to start over")
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(fingerprint, indent=1, sort_keys=True))
+
+
+def _differences(had: dict[str, Any], now: dict[str, Any]) -> str:
+    """What differs between two settings fingerprints, for the user ("" when nothing does)."""
+    diff = [k for k in sorted(set(had) | set(now)) if k != "model_ref" and had.get(k) != now.get(k)]
+    return "; ".join("the model: " + _show(had.get("model_ref")) + " then" if k == "model" else
+                     f"{k}: {_show(had.get(k))} then, {_show(now.get(k))} now" for k in diff)
 
 
 def _has_work(output: Path) -> bool:
@@ -309,8 +314,10 @@ def check_output(output: Path, input_path: Path) -> None:
         raise UserError(f"--output {output} is the --input: write the summaries to another file")
 
 
-def merge(output: Path, count: int, source_name: str = "") -> dict[str, Any]:
-    """The `count` finished parts merged by input position into `output`; returns (and writes) the stats."""
+def merge(output: Path, count: int, source_name: str = "", input_digest: str | None = None) -> dict[str, Any]:
+    """The `count` finished parts merged by input position into `output`; returns (and writes) the stats, with
+    what the parts were made with (settings.json) and the input's digest, so that a finished output asked for
+    again with anything else is not taken for done (`check_complete`)."""
     if output.is_dir():
         raise UserError(f"--output {output}: a directory; name a file in it")
     parts = [part_path(output, Shard(i, count)) for i in range(count)]
@@ -344,7 +351,8 @@ def merge(output: Path, count: int, source_name: str = "") -> dict[str, Any]:
         summarized += d["summarized"]
         skipped.update(d["skipped"])
     stats = {"input": source_name, "records_in": n, "summarized": summarized, "skipped": dict(skipped),
-             "shards": count, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+             "shards": count, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+             "settings": read_json(settings_path(output), ("model",)), "input_digest": input_digest}
     if summarized + sum(skipped.values()) != n:
         tmp.unlink()
         raise UserError(f"{output}: the parts hold {n} lines but their shards counted {summarized} summarized + "
@@ -373,19 +381,36 @@ def stats_line(stats: dict[str, Any], output: Path) -> str:
             f"{f' ({why})' if why else ''} -> {output} (in input order; stats: {stats_path(output)})")
 
 
-def export_digest(directory: Path) -> str:
-    """A digest of a model directory's files (names, sizes, and the first and last MiB of each): two exports
-    that differ anywhere but the middle of a weights file of the same size get different digests, cheaply."""
+def export_digest(path: Path) -> str:
+    """A digest of a file or of a directory's files (names, sizes, and the first and last MiB of each): a model
+    export or an input corpus; two that differ anywhere but the middle of a file of the same size get different
+    digests, cheaply."""
     h = hashlib.sha256()
-    for p in sorted(directory.rglob("*")):
-        rel = p.relative_to(directory)
-        if not p.is_file() or any(part.startswith(".") or part == "__pycache__" for part in rel.parts):
+    files = [(Path(path), Path(path).name)] if Path(path).is_file() else \
+        [(p, p.relative_to(path).as_posix()) for p in sorted(Path(path).rglob("*"))]
+    for p, rel in files:
+        if not p.is_file() or any(part.startswith(".") or part == "__pycache__" for part in Path(rel).parts):
             continue
         size = p.stat().st_size
-        h.update(f"{rel.as_posix()}\0{size}\0".encode())
+        h.update(f"{rel}\0{size}\0".encode())
         with open(p, "rb") as f:
             h.update(f.read(1 << 20))
             if size > 1 << 20:
                 f.seek(max(1 << 20, size - (1 << 20)))
                 h.update(f.read())
     return h.hexdigest()[:16]
+
+
+def check_complete(stats: dict[str, Any], fingerprint: dict[str, Any], input_digest: str, output: Path) -> None:
+    """A finished output asked for again: the same model, settings and input say "already complete"; anything
+    else is refused (it would hide new work behind an old result). Stats written before these were recorded
+    are taken as complete."""
+    had = stats.get("settings")
+    if had is None:
+        return
+    shown = [d for d in [_differences(had, json.loads(json.dumps(fingerprint, sort_keys=True)))] if d]
+    if stats.get("input_digest") not in (None, input_digest):
+        shown.append("the input: its content changed")
+    if shown:
+        raise UserError(f"{output} is complete, made with other settings or input ({'; '.join(shown)}): name "
+                        "another --output, or remove it and its .stats.json to summarize again")
