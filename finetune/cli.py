@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -208,6 +209,8 @@ def _log_to_mlflow(cfg: Config, uri: str, outcome: EvalOutcome) -> None:
         print(f"hibert evaluate: tracking server {redact_uri(uri)} is unreachable: the report is in {outcome.out}; "
               f"its MLflow run waits in {outbox.path} (send it with `hibert registry sync {keep}` once the "
               "server is back)", file=sys.stderr)
+    elif not outbox.rejected_path.exists():   # everything sent: an outbox left behind would read as pending work
+        shutil.rmtree(keep, ignore_errors=True)
 
 
 def per_document_table(result: dict) -> dict[str, list]:

@@ -44,7 +44,8 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
                "(prep -> merge -> pretrain -> finetune -> evaluate) to Slurm.", True),
     "demo": ("hibert.slurm.local:run", "Run a recipe's staged pipeline locally (default: the demo on the shipped sample: "
              "prep -> pretraining -> finetuning -> evaluation -> summaries) and show the results.", False),
-    "registry": ("hibert.registry_cli:run", "List or show encoders registered in the MLflow model registry.", False),
+    "registry": ("hibert.registry_cli:run", "List or show the models registered in the MLflow model registry "
+                 "(encoders and finetuned heads), or send what a tracking outage left in a run's outbox.", False),
 }
 
 

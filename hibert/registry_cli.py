@@ -23,7 +23,7 @@ from hibert.runtime.tracking import Tracker
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=["list", "show", "sync"], help="list: every registered version; "
-                   "show: one model's versions with tags (needs --name or NAME@ALIAS); "
+                   "show: one model's versions with tags (TARGET: NAME, NAME@ALIAS or NAME/VERSION); "
                    "sync: send a run directory's tracking outbox (what a tracking outage left unsent)")
     p.add_argument("target", nargs="?", default=None,
                    help="model name, or name@alias / name/version for show; the run directory for sync")

@@ -109,6 +109,7 @@ def test_evaluate_reports_abstractive_stats_and_pairs_other_runs(reference, tmp_
         kill_group(server)
     out = run_hibert(["evaluate", *over, "--split", "valid", "--bootstrap", "100",
                       "--compare", f"greedy={tmp_path / 'greedy'}"], timeout=300)
+    assert not keep.exists()   # everything sent: no empty outbox left to read as pending work
     report = json.loads((root / "abs" / "report-valid" / "report.json").read_text())
     assert set(report["scores"]) == {"model", "lead3", "oracle"}
     assert {"model-lead3", "model-oracle", "model-greedy"} <= set(report["paired"])
