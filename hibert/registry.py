@@ -6,6 +6,7 @@ and `models:/hibert-encoder@in-domain` resolves to a local directory that any co
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import sqlite3
@@ -90,10 +91,15 @@ def _ssl_context() -> Any:
     return ctx
 
 
+_API_PROBE = "/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default"
+
+
 def _probe(uri: str, timeout: float) -> str | None:
-    """None when an http(s) tracking server answers GET /health within `timeout` seconds, else why not. Any
-    answer below 500 counts (a 404 or 401 still shows a live server); a 5xx is a proxy or gateway whose backend
-    is down, so unreachable. Other stores: None. A URI that cannot be parsed is a `UserError`, password masked."""
+    """None when an http(s) MLflow tracking server answers a REST call within `timeout` seconds, else why not.
+    JSON counts, an experiment or an MLflow error (a 404 for a missing experiment is MLflow's answer), and so
+    does 401/403 (authentication in front of it); a 5xx is a proxy or gateway whose backend is down, so
+    unreachable; a page that is not JSON is another server. Other stores: None. A URI that cannot be parsed is a
+    `UserError`, password masked."""
     if not uri.startswith(("http://", "https://")):
         return None
     from urllib.request import Request, urlopen  # lazy: ~8 ms (http.client, ssl) on every command; http(s) only
@@ -111,14 +117,28 @@ def _probe(uri: str, timeout: float) -> str | None:
     host = parts.hostname or ""
     netloc = f"[{host}]" if ":" in host else host
     netloc += f":{port}" if port else ""
-    url = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/health", "", ""))
+    # an MLflow REST call (GET): MLflow answers JSON, an experiment or a JSON error; another web server on the
+    # port (a proxy's page, `python -m http.server`) does not, and would fail later inside every rank
+    url = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + _API_PROBE, "", ""))
     try:
         ctx = _ssl_context() if parts.scheme == "https" else None
-        urlopen(Request(url, headers=headers), timeout=timeout, context=ctx).close()
+        with urlopen(Request(url, headers=headers), timeout=timeout, context=ctx) as r:
+            status, body = r.status, r.read(65536)
     except urllib.error.HTTPError as e:
-        return f"HTTP {e.code} {e.reason}" if e.code >= 500 else None
+        if e.code >= 500:
+            return f"HTTP {e.code} {e.reason}"
+        if e.code in (401, 403):   # an MLflow behind authentication: live, the credentials are MLflow's problem
+            return None
+        status, body = e.code, e.read(65536)
     except (urllib.error.URLError, OSError, ValueError) as e:
         return str(getattr(e, "reason", e))
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        return (f"it answers HTTP {status} but is not an MLflow tracking server (GET {_API_PROBE.split('?')[0]} "
+                "gave no JSON)")
     return None
 
 
@@ -131,6 +151,8 @@ def check_reachable(uri: str, timeout: float = REACH_TIMEOUT_S) -> None:
     """An http(s) tracking server answers within `timeout` seconds, or one `UserError` line naming it,
     password masked. Other stores: nothing to check."""
     reason = _probe(uri, timeout)
+    if reason is not None and reason.startswith("it answers"):
+        raise UserError(f"tracking URI {redact_uri(uri)}: {reason}: fix tracking.uri / $MLFLOW_TRACKING_URI")
     if reason is not None:
         raise UserError(f"tracking server {redact_uri(uri)} is unreachable ({redact_uri(reason)[:200]}; "
                         f"checked for {timeout:.0f} s before starting): start it, or fix tracking.uri / "

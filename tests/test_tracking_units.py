@@ -25,12 +25,13 @@ pytestmark = pytest.mark.timeout(120)
 
 class _Health(http.server.BaseHTTPRequestHandler):
     status = 200
+    body = b'{"error_code": "RESOURCE_DOES_NOT_EXIST"}'   # what MLflow's REST API answers
 
     def _answer(self) -> None:
         self.send_response(self.status)
-        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Type", "application/json" if self.body.startswith(b"{") else "text/html")
         self.end_headers()
-        self.wfile.write(b"<html>answer</html>")
+        self.wfile.write(self.body)
 
     do_GET = do_POST = _answer
 
@@ -39,9 +40,10 @@ class _Health(http.server.BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def _server(status: int, tls: ssl.SSLContext | None = None) -> Iterator[int]:
-    """An HTTP(S) server on 127.0.0.1 answering every request with `status`; yields its port."""
-    handler = type("H", (_Health,), {"status": status})
+def _server(status: int, tls: ssl.SSLContext | None = None, body: bytes | None = None) -> Iterator[int]:
+    """An HTTP(S) server on 127.0.0.1 answering every request with `status` (and `body`: by default an MLflow
+    JSON error); yields its port."""
+    handler = type("H", (_Health,), {"status": status, **({"body": body} if body is not None else {})})
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     if tls is not None:
         srv.socket = tls.wrap_socket(srv.socket, server_side=True)
@@ -77,7 +79,14 @@ def test_a_5xx_is_an_outage_and_only_a_4xx_is_a_refusal(tmp_path, monkeypatch):
         registry_json = tmp_path / "export" / "registry.json"
         assert tracker.register("export", "hibert-x", "finetuned", {}, [], registry_json) is None
         assert tracker.offline_since is not None and tracker.pending() == 2 and tracker.rejected() == 0
-    with _server(404) as port:   # a live server without /health (an older MLflow) is reachable
+    with _server(404) as port:   # MLflow's JSON answer for a missing experiment: reachable
+        assert _probe(f"http://127.0.0.1:{port}", 5) is None
+    for status in (200, 404):   # another web server on the port (python -m http.server, a proxy's page): one line
+        with _server(status, body=b"<html>Not Found</html>") as port:
+            assert "is not an MLflow tracking server" in _probe(f"http://127.0.0.1:{port}", 5)
+            with pytest.raises(UserError, match=r"answers HTTP \d+ but is not an MLflow tracking server"):
+                check_reachable(f"http://127.0.0.1:{port}", 5)
+    with _server(401, body=b"<html>log in</html>") as port:   # authentication in front of MLflow: live
         assert _probe(f"http://127.0.0.1:{port}", 5) is None
 
     box = Outbox(tmp_path / "unit")
