@@ -39,9 +39,8 @@ from hibert.config.mds import MDSConfig  # noqa: E402
 from hibert.config.model import ModelConfig  # noqa: E402
 from hibert.finetune.abstractive.data import make_abstractive_batch, make_mds_batch  # noqa: E402
 from hibert.modeling.abstractive import HibertAbstractive  # noqa: E402
-from hibert.modeling.clusters import pack_clusters  # noqa: E402
 from hibert.modeling.mds import HibertMDS  # noqa: E402
-from hibert.modeling.ranker import HibertRanker  # noqa: E402
+from hibert.modeling.ranker import HibertRanker, ranker_input  # noqa: E402
 from workload import machine  # noqa: E402
 
 LENGTHS = (800, 1600, 3000)
@@ -118,12 +117,12 @@ def peak(kind: str, args, tokens: int) -> float:
 def ranker_rate(args) -> float:
     model = HibertRanker(enc_cfg(args, 128)).eval()
     clusters = [cluster(1600, s) for s in range(args.batch * 2)]
-    packed = pack_clusters(clusters)
+    inp = ranker_input(clusters, [None] * len(clusters))  # no titles: each cluster's centroid conditions
     with torch.no_grad():
-        model(packed.units)
+        model(inp)
         t0 = time.perf_counter()
         for _ in range(args.repeats):
-            model(packed.units)
+            model(inp)
     return len(clusters) * args.repeats / (time.perf_counter() - t0)
 
 

@@ -1,0 +1,674 @@
+"""Steps 2-7 of the device suite (benchmarks/device_suite.py runs each in its own process) and `--make-reference`.
+
+Everything trains through the real runtime: `hibert pretrain` (DeepSpeed engine, the shard loader with its
+workers, checkpoints, MLflow in a local sqlite store) on a corpus generated here from the shipped CNN/DM samples'
+sentences (PTB-tokenized, so prep needs no segmenter: the device image has neither stanza nor spaCy). Numbers are
+read back from what the run logged to MLflow, as a user would read them. Sizes: `DEVICE` on the GPU, `DRY` in the
+CPU dry run; the loss-curve configurations (`CURVES`) are the ones the committed CPU reference was made with.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import runpy
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from device_suite import HERE, REPO, Context, Report, machine_block
+from safetensors.torch import load_file
+from torch.profiler import ProfilerActivity
+from torch.profiler import profile as torch_profile
+from workload import write_results
+
+from hibert.config import load_config
+from hibert.data_prep import DocumentDataset
+from hibert.data_prep.tokenizer import vocab_size
+from hibert.pretrain.masked_sentence import MaskedSentenceTask
+from hibert.registry import client
+from hibert.runtime.batching import doc_costs, plan_epoch
+from hibert.runtime.run import prepare_run
+from hibert.runtime.trainer import Trainer
+
+REFERENCE = HERE / "results" / "device_suite_reference_cpu.json"
+SAMPLES = [REPO / "samples" / f"cnndm_{split}_sample.jsonl" for split in ("train", "val", "test")]
+HOST_SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+
+# Step 4's tolerances.
+# fp32 on the GPU against the CPU curve, at every logged step: with dropout off, the same data, masks and initial
+# weights (checked by fingerprint first), the runs differ only in the order of floating-point sums (other kernels;
+# TF32 is off for fp32 matmuls by torch's default): ~1e-6 relative per operation. Adam turns such noise on
+# near-zero gradients into lr-sized steps of a few weights (the key bias, whose true gradient is 0), which moves
+# the loss by ~1e-4..1e-3 relative over 20 steps. A real defect (a wrong mask or offset in the varlen kernel,
+# packing, a silent bf16/TF32 path) moves it by more than 1% within a few steps.
+FP32_CURVE_RTOL = 0.005
+# bf16 against fp32 on the GPU, the end of the curve (mean of the last 3 steps): bf16 rounds each value to 8 bits of
+# mantissa (~0.4%), but a loss averages ~1e4 token terms and the master weights, gradients' reduction and Adam stay
+# fp32 (DeepSpeed bf16), so over a short run the curves stay within a few tenths of a percent; an overflow, a lost
+# gradient or a half-precision optimizer shows as several percent.
+BF16_END_RTOL = 0.01
+# Step 6 on CUDA: some kernels accumulate with atomics (embedding / index_add / attention backward), so even two
+# uninterrupted runs differ in their last bits, and Adam carries that on: the resumed run is compared to the
+# uninterrupted one within these (a broken resume - optimizer state, lr schedule, data position or RNG not
+# restored - moves the weights by a fraction of what training moved them comparable to 1, and the loss by far
+# more than 1%). On CPU the resume must be bit-identical, as tests/test_pretrain_deepspeed.py checks.
+RESUME_LOSS_RTOL = 0.01
+RESUME_DRIFT_MAX = 0.05
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Documents resampled from the CNN/DM samples' sentences (real sentences and document lengths)."""
+    docs: int
+    vocab: int
+    seed: int = 0
+    pinned: bool = True      # one prep worker and one shard: the same dataset on every machine
+
+    @property
+    def name(self) -> str:
+        return f"cnndm-{self.docs}d-v{self.vocab}-s{self.seed}"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    corpus: Corpus
+    model: str
+    precision: str
+    batch_tokens: int
+    steps: int               # step 3, logged every `log_every` (the first window holds the warm-up)
+    log_every: int
+    loader_workers: int
+    profile_warm: int
+    profile_steps: int
+    resume_steps: int
+    resume_every: int        # checkpoint cadence; the run is killed after the first one
+    mds_args: tuple[str, ...]
+
+
+# GPU: HIBERT_M bf16 micro-batches of 65,536 tokens (~70 documents), as docs/performance.md's command; the corpus
+# (~3.2M tokens, vocab ~12k: what the samples' 16k word types allow) holds step 3's 30 steps in one epoch.
+DEVICE = Sizes(Corpus(4000, 32000, pinned=False), "hibert_m", "bf16", 65536, 30, 10, 4, 5, 3, 8, 4,
+               ("--threads", str(min(16, os.cpu_count() or 1))))
+DRY = Sizes(Corpus(120, 1000), "hibert_tiny", "fp32", 1500, 4, 2, 1, 2, 2, 8, 4,
+            ("--hidden", "32", "--batch", "1", "--repeats", "1", "--threads", "2"))
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Step 4's run: fp32 (and bf16) from the same data, masks and initial weights, dropout off."""
+    corpus: Corpus
+    model: str
+    batch_tokens: int
+    max_docs: int
+    steps: int
+    lr: float
+    warmup: int
+
+
+CURVES = {"device": Curve(Corpus(300, 2000), "hibert_s", 2048, 64, 20, 5e-4, 5),
+          "dry_run": Curve(DRY.corpus, "hibert_tiny", 1500, 16, 8, 1e-3, 2)}
+
+
+def sizes(ctx: Context) -> Sizes:
+    return DRY if ctx.dry_run else DEVICE
+
+
+# ------------------------------------------------------------------------------------------ data and runs
+def write_corpus(path: Path, spec: Corpus) -> None:
+    """JSONL of `spec.docs` documents: sentence counts of real articles, sentences drawn from all of them."""
+    articles = [json.loads(line)["article"] for f in SAMPLES for line in f.open(encoding="utf-8")]
+    docs = [[s for s in re.split(r"(?<= [.!?]) ", a) if s.strip()] for a in articles]
+    pool, counts = [s for d in docs for s in d], [len(d) for d in docs]
+    rng = np.random.default_rng(spec.seed)
+    with path.open("w", encoding="utf-8") as f:
+        for i in range(spec.docs):
+            picks = rng.integers(len(pool), size=counts[rng.integers(len(counts))])
+            f.write(json.dumps({"idx": i, "article": " ".join(pool[j] for j in picks)}) + "\n")
+
+
+def corpus(ctx: Context, spec: Corpus) -> Path:
+    """The prepared dataset (made once per work directory; a step that needs it first makes it)."""
+    out = ctx.work / "data" / spec.name
+    if (out / ".ready").is_file():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    src = out.with_suffix(".jsonl")
+    write_corpus(src, spec)
+    workers = 1 if spec.pinned else min(8, os.cpu_count() or 1)
+    hibert_cli(ctx, ["prep", f"data.output={out}", f"data.tokenizer.vocab_size={spec.vocab}",
+                 "data.tokenizer.hard_vocab_limit=false", "data.tokenizer.sample_sentences=30000",
+                 "data.valid_fraction=0.05", "data.test_fraction=0.0", f"data.workers={workers}",
+                 f"data.num_shards={workers}",
+                 (f"data.sources=[{{format: jsonl, path: '{src}', text_field: article, id_field: idx, "
+                  "ptb_tokenized: true}]")], ctx.work / "logs" / f"prep-{spec.name}.log", ctx.left())
+    (out / ".ready").touch()
+    return out
+
+
+def describe(data: Path) -> dict[str, Any]:
+    train, valid = DocumentDataset(data, "train"), DocumentDataset(data, "valid")
+    return {"name": data.name, "train_chunks": len(train), "valid_chunks": len(valid),
+            "train_tokens": int(train.doc_num_tokens.sum()), "vocab": vocab_size(train.tokenizer_path)}
+
+
+def hibert_cli(ctx: Context, args: list[str], log: Path, timeout: float) -> float:
+    """`hibert ARGS` to completion (its output in `log`); seconds. Raises with the log's end on failure."""
+    t0 = time.time()
+    with log.open("w") as f:
+        code = subprocess.run([sys.executable, "-m", "hibert.cli", *args], stdout=f, stderr=subprocess.STDOUT,
+                              timeout=timeout, cwd=REPO).returncode
+    if code != 0:
+        raise RuntimeError(f"hibert {args[0]} exited {code}: {log.read_text(errors='replace')[-1500:]}")
+    return time.time() - t0
+
+
+def store(ctx: Context, root: Path) -> str:
+    """A migrated MLflow sqlite store under `root` (a copy of one made once: a fresh store's migrations cost
+    seconds per run), as tests/conftest.py seeds its runs' stores."""
+    template = ctx.work / "mlflow-template.db"
+    if not template.is_file():
+        make = "import mlflow, sys; mlflow.MlflowClient(sys.argv[1]).search_experiments()"
+        subprocess.run([sys.executable, "-c", make, f"sqlite:///{template}"], check=True, capture_output=True,
+                       timeout=ctx.left())
+    db = root / "mlflow.db"
+    if not db.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(template, db)
+    return f"sqlite:///{db}"
+
+
+@dataclass
+class Run:
+    root: Path
+    name: str
+    code: int
+    wall_s: float
+    log: Path
+
+    @property
+    def dir(self) -> Path:
+        return self.root / self.name
+
+    def tail(self, n: int = 2000) -> str:
+        return self.log.read_text(errors="replace")[-n:]
+
+    def history(self) -> dict[str, list[tuple[int, float]]]:
+        """Every metric the run logged to MLflow, (step, value) in step order (a step logged twice shows twice)."""
+        c = client(f"sqlite:///{self.root / 'mlflow.db'}")
+        exp = c.get_experiment_by_name("hibert")
+        runs = c.search_runs([exp.experiment_id], filter_string=f"attributes.run_name = '{self.name}'") if exp else []
+        if not runs:
+            raise RuntimeError(f"no MLflow run {self.name} in {self.root / 'mlflow.db'}")
+        rid = runs[0].info.run_id
+        return {k: sorted((m.step, m.value) for m in c.get_metric_history(rid, k)) for k in runs[0].data.metrics}
+
+
+def pretrain_args(root: Path, name: str, data: Path, settings: dict[str, Any]) -> list[str]:
+    """`hibert pretrain` with this suite's defaults: the run's own store, no registration, evaluation and the only
+    checkpoint at the end (a step sets what it measures)."""
+    base = {"run.output_dir": root, "run.name": name, "data.dataset": data,
+            "tracking.uri": f"sqlite:///{root / 'mlflow.db'}",
+            "tracking.register_model": "false", "schedule.eval_every": 0, "schedule.eval_batches": 2,
+            "schedule.epochs": 100, "checkpoint.keep_best": 0, "checkpoint.every_steps": 0,
+            "checkpoint.resume": "never", "run.collective_timeout_s": 300}
+    return ["pretrain", *(f"{k}={v}" for k, v in {**base, **settings}.items())]
+
+
+def start(ctx: Context, root: Path, name: str, data: Path, settings: dict[str, Any],
+          tag: str = "") -> tuple[subprocess.Popen, Path]:
+    log = ctx.work / "logs" / f"{root.name}-{name}{tag}.log"
+    store(ctx, root)
+    args = pretrain_args(root, name, data, settings)
+    f = log.open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "hibert.cli", *args], stdout=f, stderr=subprocess.STDOUT, cwd=REPO)
+    f.close()
+    return proc, log
+
+
+def pretrain_run(ctx: Context, root: Path, name: str, data: Path, settings: dict[str, Any], tag: str = "") -> Run:
+    t0 = time.time()
+    proc, log = start(ctx, root, name, data, settings, tag)
+    try:
+        code = proc.wait(timeout=ctx.left())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return Run(root, name, code, time.time() - t0, log)
+
+
+def speed_settings(s: Sizes, zero: int, **extra: Any) -> dict[str, Any]:
+    return {"model": s.model, "deepspeed.zero_stage": zero, "deepspeed.precision": s.precision,
+            "schedule.batch_tokens": s.batch_tokens, "schedule.max_steps": s.steps, "schedule.log_every": s.log_every,
+            "schedule.warmup_steps": 100, "data.num_workers_loader": s.loader_workers, **extra}
+
+
+def _last(history: dict[str, list[tuple[int, float]]], key: str) -> float | None:
+    return history[key][-1][1] if history.get(key) else None
+
+
+def _sha(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p)
+    return h.hexdigest()[:16]
+
+
+def _gib(path: Path) -> float:
+    return round(sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**30, 3) if path.is_dir() else 0.0
+
+
+# ------------------------------------------------------------------------------------------ step 2
+def cuda_test_files() -> list[Path]:
+    """tests/test_*cuda*.py, and any test module that skips as a whole without CUDA (pytestmark)."""
+    found = set(REPO.glob("tests/test_*cuda*.py"))
+    marked = re.compile(r"^pytestmark\s*=.*(cuda\.is_available\(\)|mark\.cuda\b)", re.MULTILINE)
+    found |= {p for p in REPO.glob("tests/test_*.py") if marked.search(p.read_text(encoding="utf-8"))}
+    return sorted(found)
+
+
+def cuda_tests(report: Report, ctx: Context) -> None:
+    files = cuda_test_files()
+    xml = ctx.work / "cuda-tests.xml"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
+           *(str(f.relative_to(REPO)) for f in files)]
+    t0 = time.time()
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=ctx.left())
+    cases = []
+    for case in ET.parse(xml).getroot().iter("testcase") if xml.is_file() else []:
+        outcome, message = "passed", ""
+        for kind in ("failure", "error", "skipped"):
+            el = case.find(kind)
+            if el is not None:
+                outcome, message = kind, (el.get("message") or el.text or "")[:300]
+        cases.append({"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
+                      "seconds": round(float(case.get("time") or 0), 2), "message": message})
+    counts = {k: sum(c["outcome"] == k for c in cases) for k in ("passed", "failure", "error", "skipped")}
+    report.update(files=[str(f.relative_to(REPO)) for f in files], command=" ".join(cmd[1:]), exit=out.returncode,
+                  counts=counts, seconds_pytest=round(time.time() - t0, 1),
+                  tests=[c for c in cases if c["outcome"] != "passed"] + [c for c in cases if c["outcome"] == "passed"],
+                  output_tail=out.stdout[-1500:])
+    head = f"{counts['passed']} passed, {counts['failure'] + counts['error']} failed, {counts['skipped']} skipped"
+    if not cases:
+        report.finish("failed", "no test ran", f"pytest exit {out.returncode}: {(out.stdout + out.stderr)[-800:]}")
+    elif counts["failure"] or counts["error"] or out.returncode not in (0, 5):
+        report.finish("failed", head, "a CUDA test failed")
+    elif counts["passed"] == 0 and not torch.cuda.is_available():
+        report.finish("skipped", head, f"no CUDA: {len(cases)} tests collected from {len(files)} files, all skipped")
+    elif counts["passed"] == 0:
+        report.finish("failed", head, "CUDA is here but every test skipped")
+    else:
+        report.finish("passed", head)
+
+
+# ------------------------------------------------------------------------------------------ step 3
+def speed_numbers(r: Run) -> dict[str, Any]:
+    """The run's logged windows: the last one is steady state (the first holds start-up and kernel selection)."""
+    if r.code != 0:
+        return {"exit": r.code, "wall_s": round(r.wall_s, 1), "log_tail": r.tail()}
+    h = r.history()
+    tags = sorted(r.dir.glob("checkpoints/step_*/COMPLETE.json"))
+    keys = ("tokens_per_s", "mfu", "data_wait_fraction", "steps_per_s", "collate_ms", "train_loss")
+    return {"exit": 0, "wall_s": round(r.wall_s, 1), **{k: _last(h, k) for k in keys},
+            "peak_memory_gb": max((v for _, v in h.get("peak_memory_gb", [])), default=None),
+            "windows_tokens_per_s": {s: round(v) for s, v in h.get("tokens_per_s", [])},
+            "checkpoint": tags[-1].parent.name if tags else None, "checkpoint_gib": _gib(r.dir / "checkpoints"),
+            "exported": (r.dir / "export" / "encoder.safetensors").is_file()}
+
+
+def pretrain(report: Report, ctx: Context) -> None:
+    s = sizes(ctx)
+    data = corpus(ctx, s.corpus)
+    report.update(corpus=describe(data), settings=speed_settings(s, 1), runs={},
+                  counted="tokens/s: real encoder + decoder tokens of every micro-batch over the window's wall time "
+                          "(hibert/runtime/metrics.py); MFU: the model's FLOPs (modeling/flops.py) over the GPU's "
+                          "dense bf16 peak (metrics.PEAK_TFLOPS); peak memory: torch's max allocated (CUDA) or "
+                          "the process's max RSS (CPU)")
+    runs: dict[str, Any] = {}
+    for zero in (1, 2):
+        r = pretrain_run(ctx, ctx.work / "runs" / "pretrain", f"zero{zero}", data, speed_settings(s, zero))
+        runs[f"zero{zero}"] = speed_numbers(r)
+        report.update(runs=runs)
+    ok = all(r["exit"] == 0 and r.get("tokens_per_s") for r in runs.values())
+    head = "; ".join(f"ZeRO-{z[-1]} {r['tokens_per_s']:,.0f} tok/s"
+                     + (f" MFU {100 * r['mfu']:.1f}%" if r.get("mfu") else "")
+                     + f" wait {100 * r['data_wait_fraction']:.1f}% peak {r['peak_memory_gb'] or 0:.1f} GB"
+                     for z, r in runs.items() if r.get("tokens_per_s"))
+    report.finish("passed" if ok else "failed", head, None if ok else "a pretraining run failed (its log_tail)")
+
+
+# ------------------------------------------------------------------------------------------ step 4
+def curve_settings(c: Curve, precision: str) -> dict[str, Any]:
+    return {"model": c.model, "model.dropout": 0.0, "deepspeed.zero_stage": 1, "deepspeed.precision": precision,
+            "schedule.batch_tokens": c.batch_tokens, "schedule.max_docs_per_batch": c.max_docs,
+            "schedule.max_steps": c.steps, "schedule.log_every": 1, "schedule.warmup_steps": c.warmup,
+            "optimizer.lr": c.lr, "data.num_workers_loader": 1}
+
+
+def _digest(obj: Any, h: Any) -> None:
+    """Every tensor and array inside `obj` (dataclasses, dicts, sequences), in a fixed order, into `h`."""
+    if isinstance(obj, torch.Tensor):
+        h.update(str(obj.dtype).encode() + str(tuple(obj.shape)).encode())
+        h.update(obj.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    elif isinstance(obj, np.ndarray):
+        h.update(np.ascontiguousarray(obj).tobytes())
+    elif dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            _digest(getattr(obj, f.name), h)
+    elif isinstance(obj, dict):
+        for k in sorted(obj):
+            _digest(obj[k], h)
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _digest(x, h)
+    elif isinstance(obj, (int, float, str, bool)):
+        h.update(repr(obj).encode())
+
+
+def fingerprint(ctx: Context, c: Curve, data: Path) -> dict[str, str]:
+    """What must be equal for two curves to be comparable: tokenizer, tokens, the first micro-batch the loader
+    makes (masks included) and the initial weights (as the Trainer seeds them)."""
+    cfg = load_config(None, pretrain_args(ctx.work / "fingerprint", "f", data, curve_settings(c, "fp32"))[1:])
+    ds = DocumentDataset(data, "train")
+    shards = sorted((data / "train").glob("shard-*/tokens.npy"))
+    task = MaskedSentenceTask(cfg, vocab_size(ds.tokenizer_path))
+    s = cfg.schedule
+    plan = plan_epoch(doc_costs(ds.doc_num_tokens, ds.doc_num_sentences), seed=s.seed, epoch=0,
+                      batch_tokens=s.batch_tokens, max_docs=s.max_docs_per_batch, world=1, accum=1)
+    batch, weights = hashlib.sha256(), hashlib.sha256()
+    _digest(task.make_item(ds, plan.rank_batches(0, 1, 1)[0], 0).batch, batch)
+    torch.manual_seed(cfg.run.seed)
+    _digest(task.build_model().state_dict(), weights)
+    return {"tokenizer": _sha(ds.tokenizer_path.read_bytes()),
+            "train_tokens": _sha((data / "train" / "index.npy").read_bytes(), *(p.read_bytes() for p in shards)),
+            "first_batch": batch.hexdigest()[:16], "init_weights": weights.hexdigest()[:16]}
+
+
+def curve_run(ctx: Context, key: str, data: Path, precision: str) -> tuple[list[float], Run]:
+    r = pretrain_run(ctx, ctx.work / "runs" / f"curve-{key}", precision, data, curve_settings(CURVES[key], precision))
+    if r.code != 0:
+        return [], r
+    return [v for _, v in r.history().get("train_loss", [])], r
+
+
+def loss_curve(report: Report, ctx: Context) -> None:
+    key = "dry_run" if ctx.dry_run else "device"
+    c = CURVES[key]
+    ref = json.loads(REFERENCE.read_text())["curves"].get(key) if REFERENCE.is_file() else None
+    data = corpus(ctx, c.corpus)
+    fp = fingerprint(ctx, c, data)
+    report.update(config=asdict(c), fingerprint=fp, reference=str(REFERENCE.relative_to(REPO)),
+                  reference_fingerprint=ref and ref["fingerprint"],
+                  tolerances={"fp32_vs_cpu_reference_rtol_every_step": FP32_CURVE_RTOL,
+                              "bf16_vs_fp32_end_rtol": BF16_END_RTOL})
+    fp32, r32 = curve_run(ctx, key, data, "fp32")
+    report.update(fp32=fp32)
+    bf16, r16 = curve_run(ctx, key, data, "bf16")
+    report.update(bf16=bf16)
+    problems = [f"{name} run exited {r.code}: {r.tail(600)}" if r.code else
+                f"{name} logged {len(curve)} of {c.steps} steps"
+                for name, curve, r in (("fp32", fp32, r32), ("bf16", bf16, r16)) if r.code or len(curve) != c.steps]
+    numbers: dict[str, Any] = {}
+    if ref is None:
+        problems.append(f"no reference curve for {key} in {REFERENCE.name}: make it with --make-reference")
+    elif ref["fingerprint"] != fp:
+        diff = [k for k in fp if fp[k] != ref["fingerprint"].get(k)]
+        problems.append(f"not comparable: {', '.join(diff)} differ from the reference's (another tokenizer, numpy "
+                        "or model code): make the reference again with this tree (--make-reference)")
+    elif len(fp32) == len(ref["train_loss"]):
+        rel = [abs(a - b) / abs(b) for a, b in zip(fp32, ref["train_loss"])]
+        numbers["fp32_vs_reference_max_rel"] = max(rel)
+        numbers["fp32_vs_reference_worst_step"] = int(np.argmax(rel)) + 1
+        if max(rel) > FP32_CURVE_RTOL:
+            problems.append(f"fp32 is {100 * max(rel):.2f}% off the CPU reference at step "
+                            f"{numbers['fp32_vs_reference_worst_step']} (tolerance {100 * FP32_CURVE_RTOL}%)")
+    if len(fp32) == len(bf16) == c.steps:
+        end32, end16 = float(np.mean(fp32[-3:])), float(np.mean(bf16[-3:]))
+        numbers.update(fp32_end=end32, bf16_end=end16, bf16_vs_fp32_end_rel=abs(end16 - end32) / end32,
+                       falls=fp32[-1] < fp32[0])
+        if numbers["bf16_vs_fp32_end_rel"] > BF16_END_RTOL:
+            problems.append(f"bf16 ends {100 * numbers['bf16_vs_fp32_end_rel']:.2f}% from fp32 "
+                            f"(tolerance {100 * BF16_END_RTOL}%)")
+        if not numbers["falls"]:
+            problems.append("the fp32 loss does not fall")
+    head = ", ".join(f"{k} {100 * numbers[k]:.3f}%" for k in ("fp32_vs_reference_max_rel", "bf16_vs_fp32_end_rel")
+                     if k in numbers)
+    report.finish("failed" if problems else "passed", head, "; ".join(problems) or None, **numbers)
+
+
+# ------------------------------------------------------------------------------------------ step 5
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def profile_numbers(prof: Any, steps: int, wall_s: float) -> dict[str, Any]:
+    events = prof.key_averages()
+    kernels = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: -e.self_device_time_total)
+    cpu_ops = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CPU),
+                     key=lambda e: -e.self_cpu_time_total)
+    busy = sum(e.self_device_time_total for e in kernels) / 1000 / steps
+    out: dict[str, Any] = {
+        "steps": steps, "wall_ms_per_step": round(wall_s * 1000 / steps, 2),
+        "top_cpu_ops": [{"op": e.key, "self_ms_per_step": round(e.self_cpu_time_total / 1000 / steps, 3),
+                         "calls_per_step": e.count / steps} for e in cpu_ops[:10]]}
+    if not torch.cuda.is_available():
+        return {**out, "kernels": "skipped: no CUDA", "host_syncs_per_step": "skipped: no CUDA"}
+    return {**out, "gpu_busy_ms_per_step": round(busy, 2), "kernels_per_step": sum(e.count for e in kernels) / steps,
+            "host_syncs_per_step": sum(e.count for e in events if e.key in HOST_SYNCS) / steps,
+            "top_kernels": [{"kernel": e.key[:160], "ms_per_step": round(e.self_device_time_total / 1000 / steps, 3),
+                             "share_of_busy": round(e.self_device_time_total / 1000 / steps / busy, 3)
+                             if busy else None, "calls_per_step": e.count / steps} for e in kernels[:12]]}
+
+
+def profile(report: Report, ctx: Context) -> None:
+    """Step 3's ZeRO-1 configuration in this process, through the same Trainer, its train steps after
+    `profile_warm` ones under torch.profiler (the step log, evaluation and checkpoint are outside them)."""
+    s = sizes(ctx)
+    data = corpus(ctx, s.corpus)
+    last = s.profile_warm + s.profile_steps
+    root = ctx.work / "runs" / "profile"
+    store(ctx, root)
+    args = pretrain_args(root, "zero1", data, speed_settings(s, 1, **{"schedule.max_steps": last,
+                                                                      "schedule.log_every": last}))
+    cfg = load_config(None, args[1:])
+    inputs = prepare_run(cfg)
+    trainer = Trainer(cfg, MaskedSentenceTask(cfg, inputs.vocab_size), inputs.rt, inputs.train, inputs.valid)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    prof = torch_profile(activities=activities)
+    timing: dict[str, float] = {}
+    step = trainer.train_step
+
+    def profiled(batches: Any, window: Any) -> dict[str, torch.Tensor]:
+        k = trainer.state.global_step
+        if k == s.profile_warm:
+            _sync()
+            prof.start()
+            timing["t0"] = time.perf_counter()
+        stats = step(batches, window)
+        if k + 1 == last:
+            _sync()
+            timing["wall"] = time.perf_counter() - timing["t0"]
+            prof.stop()
+        return stats
+
+    trainer.train_step = profiled
+    trainer.fit()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    numbers = profile_numbers(prof, s.profile_steps, timing["wall"])
+    numbers["settings"] = speed_settings(s, 1)
+    if torch.cuda.is_available():
+        top = numbers["top_kernels"][0] if numbers["top_kernels"] else {"kernel": "-", "share_of_busy": 0}
+        head = (f"{numbers['wall_ms_per_step']:.1f} ms/step, GPU busy {numbers['gpu_busy_ms_per_step']:.1f} ms, "
+                f"{numbers['host_syncs_per_step']:.1f} host syncs/step, top {top['kernel'][:50]} "
+                f"{100 * (top['share_of_busy'] or 0):.0f}%")
+    else:
+        head = f"{numbers['wall_ms_per_step']:.1f} ms/step, top op {numbers['top_cpu_ops'][0]['op']}"
+    report.finish("passed", head, **numbers)
+
+
+# ------------------------------------------------------------------------------------------ step 6
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float) -> bool:
+    t0 = time.time()
+    while not path.is_file():
+        if proc.poll() is not None or time.time() - t0 > timeout:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return {k: v.double() for k, v in load_file(str(run_dir / "export" / "encoder.safetensors")).items()}
+
+
+def _norm(tensors: Iterator[torch.Tensor]) -> float:
+    return float(sum(float((t * t).sum()) for t in tensors) ** 0.5)
+
+
+def resume(report: Report, ctx: Context) -> None:
+    """kill -9 of a run right after its first checkpoint, its resume, and the same run uninterrupted."""
+    s = sizes(ctx)
+    data = corpus(ctx, s.corpus)
+    k = s.resume_every
+    settings = speed_settings(s, 2, **{"schedule.max_steps": s.resume_steps, "schedule.log_every": 2,
+                                       "checkpoint.every_steps": k, "checkpoint.keep_last": 3,
+                                       "checkpoint.resume": "auto", "optimizer.lr": 5e-4, "schedule.warmup_steps": 2})
+    root = ctx.work / "runs" / "resume"
+    ref = pretrain_run(ctx, root / "uninterrupted", "run", data, settings)
+    report.update(settings=settings, uninterrupted={"exit": ref.code, "wall_s": round(ref.wall_s, 1)})
+    proc, _ = start(ctx, root / "killed", "run", data, settings, "-first")
+    try:
+        caught = _wait_for(root / "killed" / "run" / "checkpoints" / f"step_{k:09d}" / "COMPLETE.json", proc,
+                           ctx.left())
+    finally:
+        proc.kill()   # kill -9
+        proc.wait()
+    later = [p for p in (root / "killed" / "run" / "checkpoints").glob("step_*") if int(p.name.split("_")[1]) > k]
+    for p in later:   # as if killed right after step k's save
+        shutil.rmtree(p)
+    killed_before_end = caught and not (root / "killed" / "run" / "export").exists()
+    again = pretrain_run(ctx, root / "killed", "run", data, settings, "-resumed")
+    resumed = re.search(r"resumed from \S+ at step (\d+) ", again.log.read_text(errors="replace"))
+    numbers: dict[str, Any] = {"killed_after_checkpoint": k, "killed_before_end": killed_before_end,
+                               "later_tags_removed": len(later), "resume_exit": again.code,
+                               "resumed_at": int(resumed.group(1)) if resumed else None}
+    report.update(**numbers)
+    if ref.code != 0 or again.code != 0:
+        bad = ref if ref.code != 0 else again
+        report.finish("failed", "", f"a run exited {bad.code}: {bad.tail(800)}", **numbers)
+        return
+    want, got = ref.history()["train_loss"], again.history()["train_loss"]
+    a, b = _weights(ref.dir), _weights(again.dir)
+    cfg = load_config(None, pretrain_args(root / "init", "i", data, settings)[1:])
+    torch.manual_seed(cfg.run.seed)   # the Trainer's initial weights: how far training moved them
+    init = MaskedSentenceTask(cfg, vocab_size(data / "tokenizer.model")).build_model().encoder.state_dict()
+    diff = _norm(a[n] - b[n] for n in a)
+    numbers.update(logged_steps_uninterrupted=[i for i, _ in want], logged_steps_resumed=[i for i, _ in got],
+                   loss_bit_identical=want == got, weights_bit_identical=all(torch.equal(a[n], b[n]) for n in a),
+                   weights_max_abs_diff=max(float((a[n] - b[n]).abs().max()) for n in a),
+                   weights_drift=diff / max(_norm(a[n] - init[n].double() for n in a if n in init), 1e-30),
+                   loss_max_rel_diff=max((abs(x - y) / abs(y) for (_, x), (_, y) in zip(got, want)), default=None))
+    problems = []
+    if not killed_before_end:
+        problems.append(f"the run was not killed between its step-{k} checkpoint and its end")
+    if numbers["resumed_at"] != k:
+        problems.append(f"resumed at {numbers['resumed_at']}, not at the step-{k} checkpoint")
+    if numbers["logged_steps_resumed"] != numbers["logged_steps_uninterrupted"]:
+        problems.append("the logged steps differ (each step must be logged once)")
+    if ctx.dry_run or not torch.cuda.is_available():
+        compared = "exactly (CPU: bit-identical weights and logged losses)"
+        if not (numbers["weights_bit_identical"] and numbers["loss_bit_identical"]):
+            problems.append("not bit-identical on CPU")
+    else:
+        compared = (f"bit-identical: {numbers['weights_bit_identical']}; else within {100 * RESUME_LOSS_RTOL}% of the "
+                    f"loss at every logged step and {RESUME_DRIFT_MAX} of the weights' travel (CUDA atomics)")
+        if not numbers["weights_bit_identical"] and (numbers["loss_max_rel_diff"] > RESUME_LOSS_RTOL
+                                                      or numbers["weights_drift"] > RESUME_DRIFT_MAX):
+            problems.append(f"loss {100 * numbers['loss_max_rel_diff']:.2f}% / weights drift "
+                            f"{numbers['weights_drift']:.3f} from the uninterrupted run")
+    head = (f"resumed at step {numbers['resumed_at']}: "
+            + ("bit-identical" if numbers["weights_bit_identical"] and numbers["loss_bit_identical"] else
+               f"loss within {100 * numbers['loss_max_rel_diff']:.3f}%, weights drift {numbers['weights_drift']:.2e}"))
+    report.finish("failed" if problems else "passed", head, "; ".join(problems) or None, compared=compared, **numbers)
+
+
+# ------------------------------------------------------------------------------------------ step 7
+@contextlib.contextmanager
+def child_pythonpath() -> Iterator[None]:
+    """bench_mds.py measures memory in children started with a bare environment (PATH, OMP_NUM_THREADS): packages
+    carried on PYTHONPATH (--wheels, the hibert link tree) must reach them too."""
+    path, run = os.environ.get("PYTHONPATH"), subprocess.run
+
+    def with_path(*args: Any, **kw: Any) -> subprocess.CompletedProcess:
+        if path and kw.get("env") is not None:
+            kw["env"] = {**kw["env"], "PYTHONPATH": path}
+        return run(*args, **kw)
+
+    subprocess.run = with_path
+    try:
+        yield
+    finally:
+        subprocess.run = run
+
+
+def mds(report: Report, ctx: Context) -> None:
+    """bench_mds.py as it is (CPU only: it has no device option; on the GPU machine it measures that CPU)."""
+    result = ctx.work / "bench_mds.json"
+    argv, sys.argv = sys.argv, [str(HERE / "bench_mds.py"), *sizes(ctx).mds_args, "--out", str(result)]
+    try:
+        with child_pythonpath():
+            runpy.run_path(str(HERE / "bench_mds.py"), run_name="__main__")
+    except SystemExit as e:
+        if e.code:
+            raise RuntimeError(f"bench_mds.py exited {e.code}") from None
+    finally:
+        sys.argv = argv
+    res = json.loads(result.read_text())
+    growth = res["growth_exponent"]
+    report.finish("passed", " / ".join(f"{k} n^{v['time']:.2f}" for k, v in growth.items())
+                  + f"; ranker {res['ranker_clusters_per_s']:.0f} clusters/s",
+                  settings=res["settings"], rows=res["rows"], growth_exponent=growth,
+                  ranker_clusters_per_s=res["ranker_clusters_per_s"])
+
+
+STEPS: dict[str, Callable[[Report, Context], None]] = {
+    "cuda_tests": cuda_tests, "pretrain": pretrain, "loss_curve": loss_curve, "profile": profile,
+    "resume": resume, "mds": mds}
+
+
+# ------------------------------------------------------------------------------------------ the reference
+def make_reference(ctx: Context) -> int:
+    """Step 4's CPU curves (fp32, both configurations), with the fingerprints that make them comparable."""
+    curves = {}
+    for key, c in CURVES.items():
+        data = corpus(ctx, c.corpus)
+        t0 = time.time()
+        losses, r = curve_run(ctx, key, data, "fp32")
+        if r.code != 0 or len(losses) != c.steps:
+            print(f"{key}: the fp32 run failed (exit {r.code}):\n{r.tail()}", file=sys.stderr)
+            return 1
+        curves[key] = {"config": asdict(c), "fingerprint": fingerprint(ctx, c, data), "train_loss": losses,
+                       "seconds": round(time.time() - t0, 1)}
+        print(f"{key}: {c.model} fp32 {c.steps} steps {losses[0]:.4f} -> {losses[-1]:.4f} in {time.time() - t0:.0f} s",
+              flush=True)
+    return write_results(REFERENCE, {
+        "machine": machine_block(ctx), "made_by": "bash benchmarks/device_suite.sh --make-reference",
+        "note": "fp32 train_loss per step on CPU, dropout off; device_steps.loss_curve compares the GPU's fp32 curve "
+                "of the same configuration to it (config 'device'; the dry run uses 'dry_run')",
+        "curves": curves})
