@@ -1,4 +1,5 @@
 """Extractive selection, baselines, ROUGE wrapper and bootstrap CIs on hand-checked cases."""
+import json
 import re
 
 import numpy as np
@@ -189,3 +190,14 @@ def test_settings_resolve_once_over_the_export_and_refuse_another_heads_flags(tm
         resolve_settings(head, tmp_path, {"--beam": 4})
     with pytest.raises(SettingError, match=r"--k 0: must be >= 1"):
         check_flags({"--k": 0})
+
+
+def test_a_deeply_nested_json_line_is_one_line_in_print_mode(tmp_path):
+    """`hibert summarize --input x.jsonl` (print mode) reads through the one JSON Lines reader: a line nested past
+    Python's recursion limit is an input error naming the line, not a RecursionError traceback."""
+    from hibert.finetune.inference.text import InputError, read_documents
+
+    src = tmp_path / "deep.jsonl"
+    src.write_text(json.dumps({"text": "fine"}) + "\n" + "[" * 100_000 + "\n")
+    with pytest.raises(InputError, match=r"deep.jsonl:2: invalid JSON \(nested too deeply\)"):
+        list(read_documents(str(src), "text"))
