@@ -20,11 +20,21 @@ from hibert.data_prep import readers
 from hibert.data_prep import records as R
 from hibert.data_prep import tokenizer as tok
 from hibert.data_prep.merge import merge
-from hibert.data_prep.process import SHARDS_DIR, Sentencizer, ShardProcessor, assign_split, shard_done, shard_marker
+from hibert.data_prep.process import (
+    SHARDS_DIR,
+    STAGING,
+    Sentencizer,
+    ShardProcessor,
+    assign_split,
+    clear_staging,
+    shard_done,
+    shard_marker,
+)
 from hibert.data_prep.progress import ProgressBar, QueueListener
 from hibert.data_prep.segment import check_available
 from hibert.data_prep.shards import SPLITS
 from hibert.data_prep.workers import WorkerPool
+from hibert.errors import writable_dir
 
 log = logging.getLogger("data_prep")
 TOKENIZER_INFO = "tokenizer.json"
@@ -168,12 +178,13 @@ def _merge(cfg: DataConfig, out: Path, plan: dict[str, Any], info: dict[str, Any
     (deleting an flock file while another process may still open it would let two processes hold it)."""
     manifest = merge(cfg, out, plan, info)
     (out / LOCK).unlink(missing_ok=True)
+    clear_staging(out)   # every shard is finished: what is left there was left by processes that died
     return manifest
 
 
 def _wipe(out: Path) -> None:
     """--fresh on a local run: forget finished shards and merged outputs (inputs stay untouched)."""
-    for name in (*SPLITS, SHARDS_DIR, ".tmp"):
+    for name in (*SPLITS, SHARDS_DIR, STAGING):
         shutil.rmtree(out / name, ignore_errors=True)
     (out / "manifest.json").unlink(missing_ok=True)
 
@@ -183,8 +194,7 @@ def prepare(cfg: DataConfig, *, workers: int | None = None, num_shards: int | No
             tokenizer_only: bool = False, progress: bool = True) -> dict[str, Any] | None:
     """Returns the merged manifest when this call merged, else None."""
     workers = workers or cfg.workers
-    out = Path(cfg.output)
-    out.mkdir(parents=True, exist_ok=True)
+    out = writable_dir(cfg.output, "data.output")   # before any work: not a traceback at the first file written
     if merge_only:
         plan = planning.load(out)
         if plan is None:

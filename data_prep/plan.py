@@ -80,10 +80,17 @@ def build(cfg: DataConfig, num_shards: int | None, workers: int) -> dict[str, An
     return plan
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_json(path: Path, obj: Any) -> None:
     """Atomic (tmp + rename): readers never see half a file, concurrent writers of equal content are fine."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, 0o666 & ~_umask())   # mkstemp makes 0600: a dataset is read by the team's jobs, as open() would
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=1, sort_keys=False)
         f.write("\n")

@@ -27,6 +27,7 @@ from hibert.data_prep.shards import SPLITS, SplitWriter, replace_dir, shard_name
 from hibert.data_prep.units import rouge2_recall, windows
 
 SHARDS_DIR = "shards"
+STAGING = ".tmp"   # <out>/.tmp/shard-NNNNN.<pid>: a shard being written, moved into place when finished
 Progress = Callable[[int, int], None]     # (documents read, words) since the last call
 
 
@@ -57,6 +58,31 @@ def assign_split(doc_id: str, valid_fraction: float, test_fraction: float) -> st
     """Deterministic split from a hash of the document id (stable across runs, shard counts and machines)."""
     u = int.from_bytes(hashlib.blake2b(doc_id.encode(), digest_size=8).digest(), "little") / 2**64
     return "test" if u < test_fraction else "valid" if u < test_fraction + valid_fraction else "train"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # another user's process
+        return True
+    return True
+
+
+def staging_dir(out: Path, shard: int) -> Path:
+    """This process's staging directory for `shard`, after removing the shard's staging left by processes that
+    are gone (a full disk, kill -9): one process works on a shard at a time, and a leftover is never resumed."""
+    for old in (out / STAGING).glob(f"{shard_name(shard)}.*"):
+        pid = old.suffix[1:]
+        if not pid.isdigit() or int(pid) == os.getpid() or not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return out / STAGING / f"{shard_name(shard)}.{os.getpid()}"
+
+
+def clear_staging(out: Path) -> None:
+    """Every staging directory: called by the merge, once every shard is finished (nothing is staged then)."""
+    shutil.rmtree(out / STAGING, ignore_errors=True)
 
 
 class Sentencizer:
@@ -113,13 +139,20 @@ class ShardProcessor:
         return self._rouge
 
     def run(self, shard: int, progress: Progress | None = None) -> dict[str, Any]:
+        try:
+            return self._run(shard, progress)
+        except BaseException:   # a full disk, a stop: the half-written shard's space back now, not at the rerun
+            shutil.rmtree(self.out / STAGING / f"{shard_name(shard)}.{os.getpid()}", ignore_errors=True)
+            raise
+
+    def _run(self, shard: int, progress: Progress | None) -> dict[str, Any]:
         t0, c0 = time.time(), time.process_time()
         cfg = self.cfg
         if any(not cfg.sources[si].ptb_tokenized for si, *_ in self.plan["shards"][shard]):
             self.sentencizer.segmenter  # load it now (once per process) so setup_seconds can tell it apart
         setup = time.time() - t0
         counts = Counts(len(self.names))
-        tmp = self.out / ".tmp" / f"{shard_name(shard)}.{os.getpid()}"
+        tmp = staging_dir(self.out, shard)
         if tmp.exists():
             shutil.rmtree(tmp)
         # the writers stream the shard's tokens and text into tmp as they come (memory does not grow with the

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -160,10 +161,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+def input_problem(path: str) -> str | None:
+    """Why `path` cannot be a JSON Lines input (missing, a directory, unreadable, binary), or None. A binary
+    file would otherwise be read as hundreds of bad lines and end in "0 clusters", exit 0."""
+    p = Path(path)
+    if p.is_dir():
+        return f"--input {path} is a directory: name a JSONL file"
+    try:
+        with open(p, "rb") as f:
+            head = f.read(65536)
+    except OSError as e:
+        return f"--input {path}: cannot be read ({e.strerror})"
+    if b"\0" in head:
+        return f"--input {path} is a binary file (NUL bytes), not JSON lines (compressed? decompress it first)"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     t0 = time.time()
+    for path in args.input:
+        if (problem := input_problem(path)) is not None:
+            print(f"hibert synth-clusters: {problem}", file=sys.stderr)
+            return 2
     records, bad, examples = read_records(args.input, args.text_field, args.summary_field, args.split_field,
                                           args.id_field)
+    if not records:   # nothing to cluster: an output of 0 clusters would look like a result
+        print(f"hibert synth-clusters: --input {', '.join(args.input)} holds no usable record (skipped "
+              f"{dict(bad)}; first: {next(iter(examples.values()), ['-'])[0]}): JSON lines with the text field "
+              f"{args.text_field!r} and the summary field {args.summary_field!r} are needed", file=sys.stderr)
+        return 2
     clusters, stats = build_clusters(records, args.text_field, args.summary_field, args.id_field, args.split_field,
                                      args.neighbours, args.min_similarity, args.max_similarity, args.seed)
     out = Path(args.output)

@@ -92,9 +92,8 @@ def run_finetune(cfg: Config, args: argparse.Namespace) -> int:
 def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="finetuned model: models:/hibert-extractive@latest or an "
                    "export dir (default: <run dir>/export)")
-    p.add_argument("--split", default="test", help="split to evaluate (k is tuned on 'valid')")
+    p.add_argument("--split", default="test", help="split to evaluate")
     p.add_argument("--out", default=None, help="report directory (default: <run dir>/report-<split>)")
-    p.add_argument("--no-tune", action="store_true", help="use the model's k and trigram blocking as trained")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the CIs")
     p.add_argument("--compare", nargs="*", default=[], metavar="NAME=REPORT",
                    help="pair this model with other runs on the same documents: NAME=<run dir | report dir | "
@@ -135,11 +134,13 @@ def _settings(kind: type, args: argparse.Namespace, command: str):
     return settings
 
 
-def _fluency(head, local: Path, command: str) -> None:
-    """One line when the model's decoder cannot write yet (finetune/inference/fluency.py); the command goes on."""
+def _fluency(head, local: Path, command: str) -> str | None:
+    """One line when the model's decoder cannot write yet (finetune/inference/fluency.py); the command goes on.
+    Returns the note."""
     note = fluency_note(local) if head.decodes else None
     if note:
         print(f"hibert {command}: note: {note}", file=sys.stderr)
+    return note
 
 
 def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
@@ -155,7 +156,7 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
         print(f"hibert evaluate: {e}", file=sys.stderr)
         return 2
     try:
-        local = resolve_model(ref, uri, cfg.run_dir / "eval-model")
+        local = resolve_model(ref, uri)   # a registered version: the user's model cache, not the run dir
     except (FileNotFoundError, UserError) as e:
         print(f"hibert evaluate: cannot load model {ref!r}: {e}", file=sys.stderr)
         return 2
@@ -178,10 +179,22 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
     except UserError as e:
         print(e, file=sys.stderr)
         return 1
+    registered = _registered_version(head, local)
+    if registered:
+        outcome.meta["registered_version"] = registered
     if outcome.result is not None:  # the report's metrics join the store (made here if it is the default one)
         _log_to_mlflow(cfg, tracking_uri(cfg.tracking.uri, cfg.run.output_dir), outcome)
     print("\n".join(outcome.lines))
     return 0
+
+
+def _registered_version(head, local: Path) -> str | None:
+    """"<registered model>/<version>" of an export that records its registration (registry.json), else None."""
+    try:
+        version = json.loads((Path(local) / "registry.json").read_text()).get("version")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return f"{head.registered_model}/{version}" if version else None
 
 
 def _log_to_mlflow(cfg: Config, uri: str, outcome: EvalOutcome) -> None:
@@ -197,7 +210,11 @@ def _log_to_mlflow(cfg: Config, uri: str, outcome: EvalOutcome) -> None:
     op = evaluation_op(
         outbox, cfg.tracking.experiment, f"{cfg.run.name}-evaluate-{meta['split']}",
         tags={"stage": "evaluate", "dataset_manifest": meta["dataset_manifest"],
-              "model": redact_uri(str(meta["model"])), "encoder_init": redact_uri(str(meta["encoder_init"]))},
+              "model": redact_uri(str(meta["model"])), "encoder_init": redact_uri(str(meta["encoder_init"])),
+              # the run it evaluates (nested under it in the MLflow UI when it is in this store) and the version
+              **({"finetune_run": str(meta["finetune_run"])} if meta.get("finetune_run") else {}),
+              **({"registered_version": meta["registered_version"]} if meta.get("registered_version") else {}),
+              **({"mlflow.note.content": "\n\n".join(meta["notes"])} if meta.get("notes") else {})},
         params={k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in meta.items()
                 if k in ("k", "trigram_blocking", "split", "generation", "compared_with")},
         metrics={f"{system}_{m}": v["mean"] for system, sc in result["systems"].items() for m, v in sc.items()},
@@ -255,9 +272,9 @@ def add_summarize_arguments(p: argparse.ArgumentParser) -> None:
     add_flag_arguments(p, "summarize")
 
 
-def _print_summary(s: Summary, clusters: bool, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(s.record(clusters)))
+def _print_summary(s: Summary, clusters: bool, as_json: bool, model_note: str | None = None) -> None:
+    if as_json:   # each record carries the model's note, as the served model's answers do
+        print(json.dumps(s.record(clusters, model_note)))
     elif clusters:
         print(f"# {s.doc_id}: {len(s.sentences)}-sentence abstract of a cluster ({s.note})")
         print("\n".join(s.sentences) if s.sentences else "(no summary: the cluster has no sentences)"
@@ -286,9 +303,12 @@ def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
         return 2
     ref = _model_ref(cfg, args.model)
     sources = args.input or ["-"]
+    missing = [s for s in sources if s != "-" and not Path(s).is_file()]
+    if missing:   # before the model resolves: a registered one may download first
+        print(f"hibert summarize: input {missing[0]!r} is not a file", file=sys.stderr)
+        return 2
     try:
-        local = resolve_model(ref, tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False),
-                              cfg.run_dir / "summarize-model")
+        local = resolve_model(ref, tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False))
         head, load_error = head_of_export(local), None
     except (FileNotFoundError, ValueError) as e:
         head, load_error = None, e
@@ -319,12 +339,12 @@ def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"hibert summarize: cannot load model {ref!r}: {e}", file=sys.stderr)
         return 2
-    _fluency(head, local, "summarize")
+    note = _fluency(head, local, "summarize")
     try:
         summaries = summarizer.summarize_all(inputs)
     except InputError as e:
         print(f"hibert summarize: {e}", file=sys.stderr)
         return 2
     for s in summaries:
-        _print_summary(s, clusters, args.json)
+        _print_summary(s, clusters, args.json, note)
     return 0

@@ -14,6 +14,9 @@ interval allows one to say ("no measurable difference" where it crosses 0).
 Unit-ranking reports (`finetune.task=ranker`) are paired the same way per cluster, on their ROUGE-L recall of
 the top L' units at every cut (`recall@5` ...); their rows are `ranker` (default), `tfidf`, `document_order`,
 `oracle`. Every system of one comparison must be of the same kind.
+`--results FILE` also writes the comparison as data for the docs' tables (finetune/results_file.py,
+docs/results/README.md); reports of models trained at different commits are refused there unless
+`--allow-mixed-commits`.
 """
 from __future__ import annotations
 
@@ -36,6 +39,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="test", help="for run directories: read report-<split>/report.json")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the table as JSON")
+    p.add_argument("--results", default=None, metavar="FILE",
+                   help="also write a results file (docs/results/<name>.json, schema hibert-results/1: scores, "
+                        "per-document scores, runs and commits) that docs/tables.py renders into the docs")
+    p.add_argument("--allow-mixed-commits", action="store_true",
+                   help="write --results even when the reports' models were made at different commits")
 
 
 def load_system(item: str, split: str) -> tuple[str, dict[str, Any], list[str], Path, str, Path]:
@@ -72,9 +80,11 @@ def metrics_of(groups: dict[str, list[tuple[dict[str, Any], list[str]]]]) -> tup
     return kinds.pop()
 
 
-def group_seeds(items: list[str], split: str) -> dict[str, list[tuple[dict[str, Any], list[str]]]]:
+def group_seeds(items: list[str], split: str, sources: dict[str, list[dict[str, Any]]] | None = None
+                ) -> dict[str, list[tuple[dict[str, Any], list[str]]]]:
     """{system name: [(per-document scores, document ids) of each of its seeds]}, in the order first named.
-    Reports pool as seeds only under one explicit NAME; unnamed ones get unique names."""
+    Reports pool as seeds only under one explicit NAME; unnamed ones get unique names. `sources`, when given,
+    receives {system name: [{item, report, row, run_dir} of each seed]}: what a results file records."""
     loaded = [load_system(item, split) for item in items]
     seen: dict[tuple[Path, str], str] = {}
     for item, (_, _, _, found, system, _) in zip(items, loaded):
@@ -91,8 +101,10 @@ def group_seeds(items: list[str], split: str) -> dict[str, list[tuple[dict[str, 
     for i, label in zip(unnamed, labels):
         names[i] = label
     groups: dict[str, list[tuple[dict[str, Any], list[str]]]] = {}
-    for name, (_, scores, ids, _, _, _) in zip(names, loaded):
+    for item, name, (_, scores, ids, found, row, run_dir) in zip(items, names, loaded):
         groups.setdefault(name, []).append((scores, ids))
+        if sources is not None:
+            sources.setdefault(name, []).append({"item": item, "report": found, "row": row, "run_dir": run_dir})
     return groups
 
 
@@ -112,8 +124,21 @@ def shared_ids(*groups: list[tuple[dict[str, Any], list[str]]]) -> list[str]:
     return [d for d in first if d in held]
 
 
+def seed_scores(groups: dict[str, list[tuple[dict[str, Any], list[str]]]], metrics: list[str]) -> dict[str, Any]:
+    """{system: {"doc_ids": the documents its seeds share, metric: [seeds][documents] scores}}, rounded to 4
+    decimals as the reports are: what a results file keeps to rerun the paired tests without the reports."""
+    out = {}
+    for name, runs in groups.items():
+        ids = shared_ids(runs)
+        out[name] = {"doc_ids": ids, **{m: common_scores(runs, m, ids).round(4).tolist() for m in metrics}}
+    return out
+
+
 def compare(items: list[str], split: str, n_resamples: int) -> dict[str, Any]:
-    groups = group_seeds(items, split)
+    return compare_groups(group_seeds(items, split), n_resamples)
+
+
+def compare_groups(groups: dict[str, list[tuple[dict[str, Any], list[str]]]], n_resamples: int) -> dict[str, Any]:
     if len(groups) < 2:
         raise UserError("hibert compare: name at least two systems (reports under one NAME are its seeds)")
     names = list(groups)
@@ -174,12 +199,23 @@ def render(result: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hibert.finetune.results_file import check_one_commit, command_line, model_commits, write_results
+
+    sources: dict[str, list[dict[str, Any]]] = {}
     try:
-        result = compare(args.reports, args.split, args.bootstrap)
+        groups = group_seeds(args.reports, args.split, sources)
+        if args.results:   # before the bootstrap: a mixed set is refused without waiting for it
+            model_commits(sources)
+            check_one_commit(sources, args.allow_mixed_commits)
+        result = compare_groups(groups, args.bootstrap)
     except UserError as e:
         print(e, file=sys.stderr)
         return 1
     print(render(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
+    if args.results:
+        path = write_results(Path(args.results), result, seed_scores(groups, result["metrics"]), sources,
+                             command_line(args), args.split)
+        print(f"results: {path}")
     return 0

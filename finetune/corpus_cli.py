@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import glob
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from hibert.config import Config
-from hibert.errors import UserError
+from hibert.errors import UserError, disk_full, free_mb, not_writable, writable_dir
 from hibert.finetune.inference.corpus import (
     check_complete,
     check_output,
@@ -60,6 +61,8 @@ def run_summarize_corpus(cfg: Config, args: argparse.Namespace, settings: Summar
         return _fail("--output needs --input (a .jsonl file or a saved datasets directory)")
     if args.limit:
         return _fail("--limit does not apply to --output (a corpus is summarized whole; cut the input instead)")
+    # a stop signal is one line saying what is kept (a shard process of --nproc: its parent says it)
+    previous = {} if os.environ.get(CHILD_ENV) == "1" else {s: signal.signal(s, _raise_stopped) for s in _STOP_SIGNALS}
     try:
         check_output(output, Path(args.input[0]))
         done = None
@@ -71,9 +74,43 @@ def run_summarize_corpus(cfg: Config, args: argparse.Namespace, settings: Summar
             elif done.get("settings") is None:   # made before outputs recorded their settings: taken as complete
                 print(f"already complete: {stats_line(done, output)}")
                 return 0
+        if done is None:   # what will be written: its directory, before the model loads
+            writable_dir(output.parent, "--output's directory")
         return _run(cfg, args, settings, output, done)
     except UserError as e:
         return _fail(str(e))
+    except _Stopped as e:
+        return _fail(_stopped_line(e.signum, output), 128 + e.signum)
+    except (OSError, RuntimeError) as e:   # the output's own path, not the run directory hibert's handler names
+        if disk_full(e):
+            return _fail(f"no space left on device writing --output {output} ({free_mb(output.parent)}): what was "
+                         "written is kept: free space and rerun the same command to resume", 1)
+        if not_writable(e) and getattr(e, "filename", None):
+            return _fail(f"{e.filename} is not writable ({e.strerror})")
+        raise
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _raise_stopped(signum: int, _frame: object) -> None:
+    raise _Stopped(signum)
+
+
+def _stopped_line(signum: int, output: Path) -> str:
+    """What a stopped run keeps: the summaries its part files hold (complete lines), and how to go on."""
+    if output.is_file() and stats_path(output).is_file():
+        return f"stopped by {signal.Signals(signum).name} after {output} was complete"
+    parts = [p for p in output.parent.glob(f"{glob.escape(output.name)}.part-*-of-*") if p.suffix != ".done"]
+    kept = 0
+    for p in parts:
+        try:
+            kept += p.read_bytes().count(b"\n")
+        except OSError:
+            pass
+    where = f" in {parts[0]}" if len(parts) == 1 else f" in {len(parts)} part files next to {output}" if parts else ""
+    return (f"stopped by {signal.Signals(signum).name}: {kept} summaries written so far are kept{where}; rerun the "
+            "same command to resume")
 
 
 def _run(cfg: Config, args: argparse.Namespace, settings: SummarizeSettings, output: Path,
@@ -102,9 +139,8 @@ def _run(cfg: Config, args: argparse.Namespace, settings: SummarizeSettings, out
     source.check()
     ref = model_ref(cfg, args.model)
     try:
-        # array tasks of one job resolve the model at the same time: each into its own directory
-        dst = cfg.run_dir / ("summarize-model" if shard.count == 1 else f"summarize-model-shard{shard.index}")
-        local = resolve_model(ref, tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False), dst)
+        # the user's model cache (array tasks resolving at once: each downloads beside it, the first rename wins)
+        local = resolve_model(ref, tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False))
         head = head_of_export(local)
         source.clusters, source.max_chars = head.reads == "clusters", max_doc_chars(local)
         if head.summarizer is None:

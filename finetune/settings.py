@@ -18,7 +18,6 @@ class GivenFlags:
 class EvalSettings(GivenFlags):
     split: str = "test"
     out: Path | None = None              # report directory (default: <run dir>/report-<split>)
-    no_tune: bool = False                # extractive: keep the model's k and trigram blocking
     bootstrap: int = 1000                # resamples for CIs and paired differences
     compare: list[str] = field(default_factory=list)   # NAME=REPORT of other runs, paired by document
     limit: int | None = None             # score only the first N documents / clusters

@@ -19,7 +19,7 @@ from typing import NoReturn
 import yaml
 
 from hibert.config import ConfigError, dump_yaml, load_config
-from hibert.errors import UserError, disk_full, free_mb
+from hibert.errors import UserError, disk_full, free_mb, not_writable
 from hibert.logs import set_level, setup_logging
 from hibert.redact import redact_config_dict
 from hibert.registry import bound_http_retries
@@ -148,6 +148,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int((handler(args) if not takes_config else handler(cfg, args)) or 0)
     except (OSError, RuntimeError) as e:
+        if not_writable(e) and getattr(e, "filename", None):  # a read-only target the command's own checks missed
+            print(f"hibert {args.command}: {e.filename} is not writable ({e.strerror})", file=sys.stderr)
+            return 2
         if not disk_full(e):
             raise
         where = getattr(e, "filename", None) or (cfg.data.output if cfg is not None and args.command == "prep"

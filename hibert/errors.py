@@ -6,7 +6,9 @@ line and exit 1. Library code never raises SystemExit or prints for the user."""
 from __future__ import annotations
 
 import errno
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 
@@ -43,3 +45,32 @@ def free_mb(path: str | Path) -> str:
         return f"{shutil.disk_usage(p).free / 2**20:,.1f} MB free"
     except OSError:
         return "free space unknown"
+
+
+class NotWritable(UserError):
+    """A target this process may not write: permissions, or a read-only filesystem."""
+
+
+_DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def not_writable(e: BaseException | None) -> bool:
+    """A write refused by permissions or a read-only filesystem (EACCES, EPERM, EROFS)."""
+    return isinstance(e, OSError) and e.errno in _DENIED
+
+
+def writable_dir(path: str | Path, what: str) -> Path:
+    """Create `path` (and its parents) and write a probe file in it, before any work whose results would go
+    there: a directory that cannot be written is one `NotWritable` line naming it, not a traceback later."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=p, prefix=".write-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        if not not_writable(e):
+            raise
+        raise NotWritable(f"{what} {p} is not writable ({e.strerror}): choose a directory you can "
+                          "write, or fix its permissions") from None
+    return p

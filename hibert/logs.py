@@ -39,9 +39,42 @@ def setup_logging(rank: int = 0) -> None:
     third_party = logging.DEBUG if level <= logging.DEBUG else logging.WARNING
     for name in NOISY:
         logging.getLogger(name).setLevel(third_party)
+    store = logging.getLogger(MLFLOW_STORE_LOGGER)
+    for f in [f for f in store.filters if isinstance(f, OneLinePerError)]:
+        store.removeFilter(f)
+    if level > logging.DEBUG:
+        store.addFilter(OneLinePerError())
     if level > logging.DEBUG:  # DeepSpeed's own calls of torch APIs it has not migrated yet, once per step
         warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
         warnings.filterwarnings("ignore", message=r".*reduce_scatter_tensor.* is deprecated", category=FutureWarning)
+
+
+# MLflow's SQL stores log every failed write with its whole traceback (`_logger.exception`, ~40 lines with the
+# exceptions chained to it) and then raise it to the caller, which reports it (the tracker: its outbox, or the run's
+# one line). A full disk under a sqlite store printed ~360 such lines before the run's own line.
+MLFLOW_STORE_LOGGER = "mlflow.store.db.utils"
+
+
+class OneLinePerError(logging.Filter):
+    """A record with a traceback becomes one line naming the error (the database's own message), once per
+    distinct error; DEBUG keeps the tracebacks (this filter is not installed there)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.exc_info or record.exc_info[1] is None:
+            return True
+        e = record.exc_info[1]
+        reason = str(getattr(e, "orig", None) or e).strip().splitlines()
+        reason_line = (reason[0] if reason else type(e).__name__)[:300]
+        if reason_line in self.seen:
+            return False
+        self.seen.add(reason_line)
+        record.msg, record.args = f"database error: {reason_line} (the operation that failed reports it)", ()
+        record.exc_info = record.exc_text = None
+        return True
 
 
 class RedactingFormatter(logging.Formatter):

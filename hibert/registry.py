@@ -10,6 +10,7 @@ import json
 import os
 import re
 import sqlite3
+import time
 import urllib.error
 import urllib.parse
 from pathlib import Path
@@ -150,18 +151,25 @@ def reachable(uri: str, timeout: float = 2.0) -> bool:
 def check_reachable(uri: str, timeout: float = REACH_TIMEOUT_S) -> None:
     """An http(s) tracking server answers within `timeout` seconds, or one `UserError` line naming it,
     password masked. Other stores: nothing to check."""
+    t0 = time.monotonic()
     reason = _probe(uri, timeout)
     if reason is not None and reason.startswith("it answers"):
         raise UserError(f"tracking URI {redact_uri(uri)}: {reason}: fix tracking.uri / $MLFLOW_TRACKING_URI")
     if reason is not None:
+        # the time the probe took (a refused connection fails at once), not the timeout it was allowed
+        took = time.monotonic() - t0
         raise UserError(f"tracking server {redact_uri(uri)} is unreachable ({redact_uri(reason)[:200]}; "
-                        f"checked for {timeout:.0f} s before starting): start it, or fix tracking.uri / "
-                        "$MLFLOW_TRACKING_URI (unset both for the local store under run.output_dir)")
+                        f"probed for {took:.1f} s of at most {timeout:.0f} s before starting): start it, or fix "
+                        "tracking.uri / $MLFLOW_TRACKING_URI (unset both for the local store under run.output_dir)")
 
 
 def client(uri: str) -> Any:
     """A client bound to `uri`, without touching MLflow's global state."""
     from mlflow.tracking import MlflowClient  # lazy: ~1.0 s, which --help, prep and config printing never need
+
+    # MLflow prints "View run ... at: <tracking URI>/#/..." to stdout whenever a run on a server ends, the URI's
+    # user:password@ included: every job log would hold the password (the run's id is in our own log lines)
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
@@ -222,24 +230,31 @@ def ensure_experiment(uri: str, name: str) -> None:
     mlflow.set_experiment(name)
 
 
+# MLflow 3's UI opens an experiment of no declared kind on its GenAI "Traces" page, with the runs one tab away;
+# this tag (read by the UI, values in its ExperimentKind enum) makes it open on the runs table
+EXPERIMENT_KIND_TAG = ("mlflow.experimentKind", "custom_model_development")
+
+
 def experiment_id(uri: str, name: str) -> str:
-    """The id of experiment `name` in `uri`, created (with our artifact location) if missing; no global state."""
+    """The id of experiment `name` in `uri`, created (with our artifact location and kind) if missing; an
+    existing one without a kind gets ours. No global state."""
     c = client(uri)
     exp = c.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        return c.create_experiment(name, artifact_location=artifact_location(uri))
-    except Exception:  # created meanwhile by another process
-        exp = c.get_experiment_by_name(name)
-        if exp is None:
-            raise
-        return exp.experiment_id
+    if exp is None:
+        try:
+            return c.create_experiment(name, artifact_location=artifact_location(uri), tags=dict([EXPERIMENT_KIND_TAG]))
+        except Exception:  # created meanwhile by another process
+            exp = c.get_experiment_by_name(name)
+            if exp is None:
+                raise
+    if EXPERIMENT_KIND_TAG[0] not in (exp.tags or {}):   # made before the kind was set, or by MLflow itself
+        c.set_experiment_tag(exp.experiment_id, *EXPERIMENT_KIND_TAG)
+    return exp.experiment_id
 
 
 def register_artifact_dir(uri: str, run_id: str, artifact_path: str, name: str, alias: str | None,
                           tags: dict[str, str] | None = None, also: list[str] | tuple[str, ...] = (),
-                          once: bool = False) -> str:
+                          once: bool = False, description: str | None = None) -> str:
     """Register `runs:/<run_id>/<artifact_path>` as a new version of `name`; point `alias` (and `also`) at it.
     `once`: reuse a version of `name` this run already registered (a registration sent again after an outage:
     the first try may have reached the server)."""
@@ -250,7 +265,8 @@ def register_artifact_dir(uri: str, run_id: str, artifact_path: str, name: str, 
         c.create_registered_model(name)
     source = f"runs:/{run_id}/{artifact_path}"
     done = c.search_model_versions(f"name='{name}' and run_id='{run_id}'") if once else []
-    mv = done[0] if done else c.create_model_version(name=name, source=source, run_id=run_id, tags=tags or {})
+    mv = done[0] if done else c.create_model_version(name=name, source=source, run_id=run_id, tags=tags or {},
+                                                     description=description)
     for a in dict.fromkeys([alias, *also]):
         if a:
             c.set_registered_model_alias(name, a, mv.version)
@@ -291,14 +307,77 @@ def resolve_model(ref: str, uri: str, dst: str | Path | None = None) -> Path:
 
     # models:/ resolution builds clients from MLflow's global URI (default: ./mlflow.db), so set it
     activate(uri)
-    try:
-        local = mlflow.artifacts.download_artifacts(artifact_uri=ref, dst_path=str(dst) if dst else None,
-                                                    tracking_uri=uri, registry_uri=uri)
-    except MlflowException as e:
+    # MLflow's per-file "Downloading artifacts" bar on every call says nothing a user needs: one line does
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+    def fail(e: MlflowException) -> UserError:
         reason = redact_uri(str(e.message).splitlines()[0])[:300]
-        raise UserError(f"model reference {ref!r} does not resolve in {redact_uri(uri)}: {reason} "
-                        "(hibert registry list shows what is there)") from None
-    return Path(local)
+        return UserError(f"model reference {ref!r} does not resolve in {redact_uri(uri)}: {reason} "
+                         "(hibert registry list shows what is there)")
+
+    try:
+        if dst is not None:
+            return Path(mlflow.artifacts.download_artifacts(artifact_uri=ref, dst_path=str(dst),
+                                                            tracking_uri=uri, registry_uri=uri))
+        name, key = _pinned_version(ref, parsed, uri)
+        return _cached_download(f"models:/{name}/{key.split('-')[0]}", uri, name, key)
+    except MlflowException as e:
+        raise fail(e) from None
+
+
+def model_cache() -> Path:
+    """Where registered models are kept once downloaded: $HIBERT_CACHE, else $XDG_CACHE_HOME/hibert, else
+    ~/.cache/hibert — one user-level place, never the working directory."""
+    if os.environ.get("HIBERT_CACHE"):
+        return Path(os.environ["HIBERT_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "hibert"
+
+
+def _pinned_version(ref: str, parsed: tuple, uri: str) -> tuple[str, str]:
+    """(name, "<version>-<its run id>"): an alias moves, so the cache is keyed by the version it points at now;
+    a store made again at the same URI (`hibert demo --fresh`) numbers its versions from 1 again, so the key
+    holds the run that made the version too."""
+    name, alias, version = parsed
+    c = client(uri)
+    mv = c.get_model_version_by_alias(name, alias) if version is None else c.get_model_version(name, version)
+    return name, f"{mv.version}-{(mv.run_id or 'norun')[:12]}-{mv.creation_timestamp}"
+
+
+def _cached_download(ref: str, uri: str, name: str, key: str) -> Path:
+    """A registered version's files in the model cache, downloaded once per (store, name, version): a version's
+    files never change. Downloaded beside its place and renamed into it, so a cached directory is complete
+    (two processes resolving at once each download; the first rename wins)."""
+    import hashlib
+    import shutil
+    import tempfile
+
+    import mlflow
+
+    store = hashlib.sha256(uri.encode()).hexdigest()[:16]   # the raw URI: two stores never share a name
+    place = model_cache() / "models" / store / _safe(name) / key
+    if place.is_dir():
+        return place
+    try:
+        place.parent.mkdir(parents=True, exist_ok=True)
+        part = Path(tempfile.mkdtemp(prefix=f".{key}.", suffix=".partial", dir=place.parent))
+    except OSError as e:
+        raise UserError(f"cannot use the model cache {model_cache()} ({e.strerror or e}): set HIBERT_CACHE to a "
+                        "writable directory") from None
+    try:
+        mlflow.artifacts.download_artifacts(artifact_uri=ref, dst_path=str(part), tracking_uri=uri, registry_uri=uri)
+        try:
+            part.rename(place)
+        except OSError:
+            if not place.is_dir():
+                raise
+    finally:
+        shutil.rmtree(part, ignore_errors=True)
+    return place
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "_"
 
 
 def pin_model_ref(ref: str, uri: str) -> str:

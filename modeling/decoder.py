@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Literal
 
 import torch
 import torch.nn.functional as F
@@ -111,7 +111,8 @@ class AbstractiveDecoder(nn.Module):
     positions), `DecoderLayer`s, a final LayerNorm when pre-LN, and the output head: a (tied) vocabulary
     projection, optionally mixed with a copy distribution over the source (pointer-generator)."""
 
-    def __init__(self, enc_cfg: ModelConfig, dec_cfg: DecoderConfig, structural_context: bool = False):
+    def __init__(self, enc_cfg: ModelConfig, dec_cfg: DecoderConfig, structural_context: bool = False,
+                 structural_form: Literal["additive", "dot"] = "additive"):
         super().__init__()
         cfg = decoder_model_config(enc_cfg, dec_cfg)
         self.cfg, self.dec_cfg = cfg, dec_cfg
@@ -130,7 +131,7 @@ class AbstractiveDecoder(nn.Module):
         # p_gen = sigmoid(w . [context; decoder state; input embedding] + b)  (See et al. 2017, eq. 8)
         self.copy_gate = nn.Linear(3 * h, 1) if dec_cfg.copy else None
         # Chowdhury et al.: a context over the structure-infused unit vectors feeds P_vocab and p_gen (mds)
-        self.structure = StructuralContext(h, cfg.heads) if structural_context else None
+        self.structure = StructuralContext(h, cfg.heads, structural_form) if structural_context else None
         self.apply(init_weights)
 
     def embed(self, ids: Tensor, positions: Tensor, table: Tensor) -> Tensor:

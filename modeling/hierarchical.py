@@ -14,6 +14,11 @@ unit graph (eq. 24: graph-informed attention) and the pooled unit vectors go thr
 `form="v0"` is the earlier simplification (q/k shared across heads, no W_c, LayerNorm or W_v), kept so that
 exports made with it still load.
 
+Positions (eq. 9-10): `rank_form="concat"` adds pe_ij = [e_i; e_j] — half-width sinusoids of the unit's rank i
+and of the token's position j within its unit — where the paper adds it to the word embeddings; here the local
+layers are a pretrained HIBERT with its own (within-sentence) positions, so it joins before the global layers.
+`rank_form="full"` adds a full-width sinusoid of the rank alone (the earlier form).
+
 Token-wise work runs on the flat stream of real tokens; only the [C, W] unit grid is padded.
 """
 from __future__ import annotations
@@ -159,17 +164,39 @@ def graph_weights(graph: Tensor, unit_mask: Tensor) -> Tensor:
     return torch.where(total > 0, g / total.clamp_min(1e-12), g)
 
 
+def sinusoid(positions: Tensor, dim: int) -> Tensor:
+    """`sinusoidal_table(n, dim)[positions]` for any positions, computed on their device (no table to size)."""
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) * (-math.log(10000.0) / dim))
+    angle = positions.to(torch.float64)[:, None] * freq
+    out = torch.zeros(positions.shape[0], dim, dtype=torch.float64, device=positions.device)
+    out[:, 0::2] = torch.sin(angle)
+    out[:, 1::2] = torch.cos(angle)[:, : dim // 2]
+    return out.float()
+
+
+def position_in_unit(token_unit: Tensor, num_units: int) -> Tensor:
+    """[N] 0-based position of each token within its unit (a unit's tokens are contiguous in the stream)."""
+    count = torch.zeros(num_units, dtype=torch.long, device=token_unit.device).index_add_(
+        0, token_unit, torch.ones_like(token_unit))
+    first = count.cumsum(0) - count
+    return torch.arange(token_unit.shape[0], device=token_unit.device) - first[token_unit]
+
+
 class GlobalEncoder(nn.Module):
-    """Rank embedding (each unit's position in the ranked order, added to its tokens) + `layers` GlobalLayers
-    + a final LayerNorm."""
+    """Rank embedding (each unit's position in the ranked order, with `rank_form="concat"` concatenated with
+    each token's position in its unit: eq. 9) added to its tokens + `layers` GlobalLayers + a final LayerNorm."""
 
     def __init__(self, hidden: int, heads: int, ffn: int, dropout: float, layers: int, graph_attention: bool = False,
                  structural_attention: bool = False, max_units: int = 64, rank_embedding: bool = True,
                  form: Literal["liu_lapata", "v0"] = "liu_lapata", structural_split: bool = True,
-                 structural_root: bool = True):
+                 structural_root: bool = True, rank_form: Literal["concat", "full"] = "concat"):
         super().__init__()
-        self.max_units = max_units
-        self.register_buffer("ranks", sinusoidal_table(max_units, hidden), persistent=False)
+        if rank_form not in ("concat", "full"):
+            raise ValueError(f"unknown rank embedding form {rank_form!r} (concat, full)")
+        self.max_units, self.rank_form = max_units, rank_form
+        # concat: e_i takes the first half of the width, e_j the second (eq. 9: [e_i; e_j])
+        self.rank_dim = hidden - hidden // 2 if rank_form == "concat" else hidden
+        self.register_buffer("ranks", sinusoidal_table(max_units, self.rank_dim), persistent=False)
         self.rank_embedding = rank_embedding and layers > 0
         self.layers = nn.ModuleList(GlobalLayer(hidden, heads, ffn, dropout, graph_attention, structural_attention,
                                                 form, structural_split, structural_root) for _ in range(layers))
@@ -187,7 +214,11 @@ class GlobalEncoder(nn.Module):
         if self.rank_embedding:
             if layout.max_units > self.max_units:
                 raise ValueError(f"{layout.max_units} units exceed mds.max_units {self.max_units}")
-            x = x + self.ranks[layout.unit_rank].to(x.dtype).index_select(0, layout.token_unit)
+            pe = self.ranks[layout.unit_rank].index_select(0, layout.token_unit)
+            if self.rank_form == "concat":
+                pos = position_in_unit(layout.token_unit, layout.num_units)
+                pe = torch.cat([pe, sinusoid(pos, x.shape[1] - self.rank_dim)], dim=1)
+            x = x + pe.to(x.dtype)
         structure = None
         for layer in self.layers:
             x, structure = layer.forward_with_structure(x, layout, graph)

@@ -29,7 +29,8 @@ class CrossCache(TensorBundle):
     rank: Tensor | None = None         # [B, D, 2H] VHT: the sentence-position embeddings R (eq. 11) and `out`'s bias
                                        # through `sent_kv` (the same for every query: projected once per batch)
     key_bias: Tensor | None = None     # [B, 1, 1, L] 0 / -inf: the key mask as SDPA's cheaper additive form
-    struct_keys: Tensor | None = None    # [B, heads, D, d] the decoder's structural context (last layer's cache)
+    struct_keys: Tensor | None = None    # [B, heads, D, d] the decoder's structural context (last layer's cache;
+                                         # additive form: [B, D, H])
     struct_values: Tensor | None = None
     struct_bias: Tensor | None = None    # [B, 1, 1, D]
     keys_t: bool = False                 # keys are stored transposed (attention by matmul: PHT, flat on CPU)

@@ -14,6 +14,8 @@ the determinant and the real units' marginals do not change, their own marginals
 """
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor, nn
 
@@ -88,26 +90,45 @@ class StructuralAttention(nn.Module):
 
 class StructuralContext(nn.Module):
     """The decoder's structural context (Chowdhury et al. §2.2-2.3): at every step, attention from the decoder
-    state over the cluster's structure-infused unit vectors g (scores on g, a_struct = softmax over units),
-    c_struct = sum_u a_struct,u h_u over the unit vectors h. c_struct feeds P_vocab and p_gen; copying keeps
-    the plain token attention ("to facilitate token level pointing")."""
+    state s over the cluster's structure-infused unit vectors g, c_struct = sum_u a_struct,u h_u over the unit
+    vectors h. c_struct feeds P_vocab and p_gen; copying keeps the plain token attention ("to facilitate token
+    level pointing").
 
-    def __init__(self, hidden: int, heads: int):
+    `form="additive"` is the paper's: e_u = v^T tanh(W_g g_u + W_s s + b_attn), a_struct = softmax_u(e), one
+    head, c_struct = sum_u a_u h_u; `out` then stands for the block of See et al.'s V[s_t; c_t] that reads c
+    (here the vocabulary projection reads s + out(c)). `form="dot"` (the earlier form): per head
+    softmax(q(s) . k(g_u) / sqrt(d)), values v(h_u), heads concatenated, then `out`."""
+
+    def __init__(self, hidden: int, heads: int, form: Literal["additive", "dot"] = "additive"):
         super().__init__()
-        self.heads = heads
+        if form not in ("additive", "dot"):
+            raise ValueError(f"unknown structural attention form {form!r} (additive, dot)")
+        self.heads, self.form = heads, form
         self.scale = (hidden // heads) ** -0.5
-        self.q, self.k, self.v, self.out = (nn.Linear(hidden, hidden) for _ in range(4))
+        if form == "additive":
+            self.w_g = nn.Linear(hidden, hidden, bias=False)   # W_g (b_attn sits in W_s)
+            self.w_s = nn.Linear(hidden, hidden)               # W_s, b_attn
+            self.score = nn.Linear(hidden, 1, bias=False)      # v
+        else:
+            self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
+        self.out = nn.Linear(hidden, hidden)
 
     def prepare(self, structure: Tensor, units: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """structure g [B, D, H], unit vectors h [B, D, H], mask [B, D] -> per-head keys, values [B, h, D, d] and
-        the additive key mask [B, 1, 1, D]."""
+        """structure g [B, D, H], unit vectors h [B, D, H], mask [B, D] -> keys and values (additive: W_g g and h,
+        [B, D, H]; dot: per head [B, h, D, d]) and the additive key mask [B, 1, 1, D], once per batch."""
+        bias = torch.zeros_like(mask, dtype=torch.float32).masked_fill(~mask, float("-inf"))[:, None, None, :]
+        if self.form == "additive":
+            return self.w_g(structure), units, bias
         split = lambda x: x.view(*x.shape[:2], self.heads, -1).transpose(1, 2).contiguous()  # noqa: E731
-        bias = torch.zeros_like(mask, dtype=torch.float32).masked_fill(~mask, float("-inf"))
-        return split(self.k(structure)), split(self.v(units)), bias[:, None, None, :]
+        return split(self.k(structure)), split(self.v(units)), bias
 
     def forward(self, x: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor:
-        """x [B, Q, H] -> c_struct [B, Q, H]."""
+        """x [B, Q, H] -> out(c_struct) [B, Q, H]."""
         b, q, h = x.shape
+        if self.form == "additive":
+            e = self.score(torch.tanh(keys[:, None] + self.w_s(x)[:, :, None])).squeeze(-1)   # [B, Q, D]
+            a = torch.softmax(e.float() + bias[:, 0], dim=-1)
+            return self.out(a.to(values.dtype) @ values)
         qh = self.q(x).view(b, q, self.heads, -1).transpose(1, 2)                 # [B, h, Q, d]
         a = torch.softmax((qh @ keys.transpose(-1, -2)).float() * self.scale + bias, dim=-1)
         return self.out((a.to(values.dtype) @ values).transpose(1, 2).reshape(b, q, h))

@@ -16,6 +16,8 @@ chain is not pinned here: the stages start right away.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import hashlib
 import json
 import re
@@ -123,12 +125,12 @@ def run_stages(cfg: Config, recipe: Path, nproc: int, fresh: bool, extra: list[s
 
 
 def plot_losses(cfg: Config, out: Path) -> Path | None:
-    """Training/validation loss curves of every training run in the demo's MLflow store."""
+    """Training/validation loss curves of every training run in the demo's MLflow store, each run's kept
+    checkpoint marked (the step its export holds: `selected_steps` of its export.json, else `step`)."""
     import matplotlib  # here, not at the top: the backend must be chosen before pyplot is imported
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # lazy: ~0.37 s with matplotlib, which only the demo's loss chart needs
-
 
     c = client(tracking_uri(cfg.tracking.uri, cfg.run.output_dir))
     exp = c.get_experiment_by_name(cfg.tracking.experiment)
@@ -137,27 +139,29 @@ def plot_losses(cfg: Config, out: Path) -> Path | None:
     runs = c.search_runs([exp.experiment_id], filter_string="tags.task != ''")
     # one row of plots per task: their losses (masked-sentence NLL, sentence labels, summary NLL, ranking) live
     # on different scales
-
     titles = {"masked_sentence": "pretraining", **{name: h.title for name, h in registered_heads().items()}}
     present = {r.data.tags.get("task") for r in runs}
     tasks = [t for t in titles if t in present] or ["masked_sentence"]
-    fig, axes = plt.subplots(len(tasks), 2, figsize=(10, 3.25 * len(tasks)), squeeze=False)
-    rows = {t: (i, titles[t]) for i, t in enumerate(tasks)}
-    for run in sorted(runs, key=lambda r: r.info.start_time):
-        row, _ = rows.get(run.data.tags.get("task", ""), (None, ""))
-        if row is None:
+    kept: dict[str, tuple[list[int], str]] = {}   # MLflow run id -> (the steps its export holds, chosen by)
+    for path in Path(cfg.run.output_dir).glob("*/export/export.json"):
+        try:
+            meta = json.loads(path.read_text())
+            steps = meta.get("selected_steps") or ([meta["step"]] if meta.get("step") is not None else [])
+            kept[str(meta["mlflow_run_id"])] = ([int(x) for x in steps], str(meta.get("selection_metric") or ""))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
             continue
-        for ax, key in zip(axes[row], ("train_loss", "valid_loss")):
+    series = []
+    for run in sorted(runs, key=lambda r: r.info.start_time):
+        task = run.data.tags.get("task", "")
+        if task not in tasks:
+            continue
+        curves = {}
+        for key in ("train_loss", "valid_loss"):
             hist = sorted(c.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
-            if hist:
-                ax.plot([m.step for m in hist], [m.value for m in hist],
-                        marker="." if key == "valid_loss" else None, label=run.info.run_name)
-    for row, title in rows.values():
-        for ax, kind in zip(axes[row], ("training loss", "validation loss")):
-            ax.set_title(f"{title}: {kind}")
-            ax.set_xlabel("step")
-            if ax.lines:
-                ax.legend(fontsize=7)
+            curves[key] = ([m.step for m in hist], [m.value for m in hist])
+        steps, metric = kept.get(run.info.run_id, ([], ""))
+        series.append({"task": task, "name": run.info.run_name, **curves, "kept": steps, "kept_by": metric})
+    fig = loss_figure([(t, titles[t]) for t in tasks], series)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
@@ -165,9 +169,49 @@ def plot_losses(cfg: Config, out: Path) -> Path | None:
     return out
 
 
-def print_results(reports: list[dict], names: list[str]) -> None:
+def loss_figure(rows: list[tuple[str, str]], series: list[dict]):
+    """The loss chart: a row per (task, title) of `rows`, training loss left and validation loss right; each of
+    `series` ({"task", "name", "train_loss": (steps, values), "valid_loss": (steps, values), "kept": [steps],
+    "kept_by": the validation metric that chose them})
+    one line, its kept checkpoint a dotted vertical line in its colour and, on the validation curve, a star
+    (the legend says the step)."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(rows), 2, figsize=(10, 3.4 * len(rows)), squeeze=False)
+    index = {task: i for i, (task, _) in enumerate(rows)}
+    for s in series:
+        row = index.get(s["task"])
+        if row is None:
+            continue
+        kept = sorted(s.get("kept") or [])
+        by = f", best {s['kept_by']}" if s.get("kept_by") else ""
+        label = s["name"] + (f" (kept: step {', '.join(map(str, kept))}{by})" if kept else "")
+        for ax, key in zip(axes[row], ("train_loss", "valid_loss")):
+            steps, values = s.get(key) or ([], [])
+            if not steps:
+                continue
+            line, = ax.plot(steps, values, marker="." if key == "valid_loss" else None, label=label)
+            for step in kept:
+                ax.axvline(step, color=line.get_color(), linestyle=":", linewidth=1.2)
+                if key == "valid_loss" and step in steps:
+                    ax.plot([step], [values[steps.index(step)]], marker="*", markersize=12, linestyle="none",
+                            color=line.get_color(), markeredgecolor="black", markeredgewidth=0.5)
+    for row, (_, title) in enumerate(rows):
+        for ax, kind in zip(axes[row], ("training loss", "validation loss")):
+            ax.set_title(f"{title}: {kind}")
+            ax.set_xlabel("step")
+            ax.set_ylabel(kind)
+            if ax.lines:
+                ax.legend(fontsize=7, title="dotted line, star: the checkpoint kept (exported)"
+                          if any(s.get("kept") for s in series if index.get(s["task"]) == row) else None,
+                          title_fontsize=7)
+    return fig
+
+
+def print_results(reports: list[dict], names: list[str]) -> list[tuple[str, list[tuple[str, dict]]]]:
     """One table per dataset: every finetuned model on it, then Lead-3 and the oracle (the same documents
-    in every report of a dataset)."""
+    in every report of a dataset). Returns each table's (title, rows) for `write_comparison`."""
+    tables: list[tuple[str, list[tuple[str, dict]]]] = []
     groups: dict[tuple[str, str], list[tuple[str, dict]]] = {}
     heads = registered_heads()
     for name, rep in zip(names, reports):  # a head's own report kind (a ranker's recall at L') prints itself
@@ -189,8 +233,10 @@ def print_results(reports: list[dict], names: list[str]) -> None:
             if system in first["scores"]:
                 rows.append((system, first["scores"][system]))
         where = first["meta"].get("dataset") or f"dataset {first['meta'].get('dataset_manifest', '?')}"
-        print(f"\n== {first['meta'].get('task', 'summarization')}: ROUGE F1 on {first['num_documents']} held-out "
-              f"{first['meta'].get('split', 'test')} documents of {where} (rouge-score, 95% CI) ==")
+        title = (f"{first['meta'].get('task', 'summarization')}: ROUGE F1 on {first['num_documents']} held-out "
+                 f"{first['meta'].get('split', 'test')} documents of {where} (rouge-score, 95% CI)")
+        tables.append((title, rows))
+        print(f"\n== {title} ==")
         width = max(len(r[0]) for r in rows)
         for label, sc in rows:
             cells = "  ".join(f"{m.replace('_f', '')} {sc[m]['mean']:5.2f} [{sc[m]['low']:5.2f},{sc[m]['high']:5.2f}]"
@@ -204,6 +250,42 @@ def print_results(reports: list[dict], names: list[str]) -> None:
                 print(f"  {name}: novel 1/2/3-grams {st['novel_1gram']:.1f}/{st['novel_2gram']:.1f}/"
                       f"{st['novel_3gram']:.1f}%, repeated 3-grams {st['repeated_3gram']:.1f}%, "
                       f"{st['mean_words']:.1f} words")
+    return tables
+
+
+def write_comparison(out_dir: Path, printed: str, tables: list[tuple[str, list[tuple[str, dict]]]]) -> Path | None:
+    """The demo's comparison of its runs — the pretrained and random-init models of each head next to Lead-3 and
+    the oracle, with the paired differences — as `comparison.md` (what the demo printed) and `comparison.png`
+    (a panel per table: R1/R2/RL bars with their 95% CIs). Each run's own report has its own model only."""
+    if not tables:
+        return None
+    import matplotlib  # lazy: ~0.4 s
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metrics = ("rouge1_f", "rouge2_f", "rougeL_f")
+    fig, axes = plt.subplots(len(tables), 1, figsize=(10, 3.4 * len(tables)), squeeze=False)
+    for ax, (title, rows) in zip(axes[:, 0], tables):
+        width = 0.8 / len(rows)
+        for i, (label, sc) in enumerate(rows):
+            xs = [j + (i - (len(rows) - 1) / 2) * width for j in range(len(metrics))]
+            means = [sc[m]["mean"] for m in metrics]
+            errs = [[sc[m]["mean"] - sc[m]["low"] for m in metrics], [sc[m]["high"] - sc[m]["mean"] for m in metrics]]
+            ax.bar(xs, means, width, yerr=errs, capsize=3, label=label)
+        ax.set_xticks(range(len(metrics)), ["ROUGE-1", "ROUGE-2", "ROUGE-L"])
+        ax.set_ylabel("F1 (%)")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(out_dir / "comparison.png", dpi=110)
+    plt.close(fig)
+    (out_dir / "comparison.md").write_text(
+        "# The demo's runs compared\n\nWhat `hibert demo` printed: each head's pretrained and random-init models on "
+        "the same test documents, next to Lead-3 and the oracle; the paired differences say what their intervals "
+        "allow. Chart: comparison.png.\n\n```text\n" + printed.strip() + "\n```\n", encoding="utf-8")
+    return out_dir / "comparison.md"
 
 
 SEED_SUFFIX = re.compile(r"-seed\d+$")
@@ -297,20 +379,40 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
 
+def ui_url(base: str, uri: str, experiment: str) -> str:
+    """The MLflow UI page of the experiment's runs. MLflow 3.x's UI opens an experiment in its GenAI view (traces)
+    unless told the workflow is model training: the `workflowType` query parameter does (and the UI remembers
+    it); the experiment's `mlflow.experimentKind` tag, which some 3.x versions read instead, is set as well
+    (hibert/registry.py)."""
+    try:
+        exp = client(uri).get_experiment_by_name(experiment)
+    except Exception:  # noqa: BLE001 - a store MLflow cannot open: the UI's front page then
+        exp = None
+    page = f"#/experiments/{exp.experiment_id}/runs" if exp is not None else "#/experiments"
+    return f"{base}/{page}?workflowType=machine_learning"
+
+
 def serve_lines(exports: list[Path], uri: str) -> list[str]:
-    """How to serve the newest registered export of each head that decodes (its pyfunc flavor)."""
+    """How to serve the newest registered export of each head that summarizes (its pyfunc flavor) — only a model
+    whose decoder can write: one that cannot yet is named with the reason, not offered as a first served model."""
     lines = []
+    port = 5001
     for kind, head in registered_heads().items():
         mine = [e for e in exports if head_of_export(e).name == kind and (e / "MLmodel").is_file()]
-        if not head.decodes or not mine:
+        if head.summarizer is None or not mine:
             continue
         try:
             version = json.loads((mine[-1] / "registry.json").read_text()).get("version")
         except (OSError, ValueError):
             version = None
         ref = f"models:/{head.registered_model}/{version}" if version else str(mine[-1].resolve())
-        lines.append(f"  serve:        . .venv/bin/activate && MLFLOW_TRACKING_URI={redact_uri(uri)} mlflow models serve -m {ref} "
-                     "--env-manager local -p 5001   (then POST /invocations: README, Serving)")
+        note = fluency_note(mine[-1]) if head.decodes else None
+        if note:
+            lines.append(f"  not served:   {ref}: {note.split(':')[0]} (its registered version says so)")
+            continue
+        lines.append(f"  serve:        . .venv/bin/activate && MLFLOW_TRACKING_URI={redact_uri(uri)} mlflow models serve "
+                     f"-m {ref} --env-manager local -p {port}   (then POST /invocations: README, Serving)")
+        port += 1
     return lines
 
 
@@ -336,8 +438,13 @@ def _run(args: argparse.Namespace) -> int:
     print(f"  {'total':<14} {time.time() - t0:7.1f}s (this invocation)")
 
     reports = sorted(root.glob("*/report-test/report.json"))
+    comparison = None
     if reports:
-        print_results([json.loads(r.read_text()) for r in reports], [r.parent.parent.name for r in reports])
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            tables = print_results([json.loads(r.read_text()) for r in reports], [r.parent.parent.name for r in reports])
+        print(buffer.getvalue(), end="")
+        comparison = write_comparison(root / "report", buffer.getvalue(), tables)
     curves = plot_losses(cfg, root / "report" / "loss_curves.png")
 
     article = Path(args.article)
@@ -362,6 +469,8 @@ def _run(args: argparse.Namespace) -> int:
         if (r.parent / "viewer.html").is_file():
             print(f"  viewer:       {r.parent / 'viewer.html'}  (open in a browser: sources, picks, copied spans; "
                   "#worst sorts worst first)")
+    if comparison:
+        print(f"  comparison:   {comparison}  (chart: {comparison.with_suffix('.png')}; pretrained vs random init)")
     if curves:
         print(f"  loss curves:  {curves}")
 
@@ -372,8 +481,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"  registry:     {redact_uri(uri)}  (hibert registry list)")
         return 0
     print(f"  registry:     hibert registry list --output-dir {root}")
-    print(f"  MLflow UI:    .venv/bin/mlflow ui --backend-store-uri sqlite:///{(root / 'mlflow.db').resolve()} "
-          f"--port 5000   (then open http://localhost:5000)")
+    # MLflow's server imports a Starlette module Starlette deprecates: 4 warnings (one per worker) a user can do
+    # nothing about, silenced by message for this command only
+    print(f"  MLflow UI:    PYTHONWARNINGS='ignore:starlette.middleware.wsgi is deprecated' .venv/bin/mlflow ui "
+          f"--backend-store-uri sqlite:///{(root / 'mlflow.db').resolve()} --port 5000 --workers 1   (then open {ui_url('http://localhost:5000', uri, cfg.tracking.experiment)})")
     return 0
 
 

@@ -1,5 +1,6 @@
 import functools
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# registered models that `hibert evaluate/summarize` download: one cache for the session, not the user's ~/.cache
+os.environ.setdefault("HIBERT_CACHE", tempfile.mkdtemp(prefix="hibert-test-cache-"))
 
 
 @pytest.fixture
@@ -150,6 +153,27 @@ def small_disk(tmp_path):
         yield SmallDisk(mnt)
     finally:
         _subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory this process cannot write: a read-only tmpfs as root (root ignores permission bits), else
+    mode 0555; skipped with the reason where neither holds."""
+    ro = tmp_path / "read-only"
+    ro.mkdir()
+    if os.geteuid() != 0:
+        ro.chmod(0o555)
+        yield ro
+        ro.chmod(0o755)
+        return
+    out = _subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)], capture_output=True, text=True,
+                          check=False)
+    if out.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {out.stderr.strip()}")
+    try:
+        yield ro
+    finally:
+        _subprocess.run(["umount", "-l", str(ro)], capture_output=True, check=False)
 
 
 # ---------------------------------------------------------------- a real headless browser

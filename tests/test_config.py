@@ -123,3 +123,31 @@ def test_registry_alias_defaults_to_the_stage_and_can_be_named():
     for reserved in ("latest", "v3", "bad alias"):
         with pytest.raises(ConfigError, match="tracking.alias"):
             load_config(None, [f"tracking.alias={reserved}"])
+
+
+def _alias_bomb(levels: int = 9, width: int = 9) -> str:
+    """Billion laughs: each anchor a list of `width` aliases of the one before, `levels` deep."""
+    lines = [f"l0: &l0 [{', '.join(['x'] * width)}]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\nrun: {name: bomb}\n"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("text, needle", [
+    (_alias_bomb(), "expand to more than 100,000 values"),
+    ("a: &a [*a]\n", "refers to the node that holds it"),
+    ("a: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+])
+def test_alias_bombs_and_recursive_aliases_are_one_line_naming_the_file(tmp_path, text, needle):
+    from conftest import run_hibert
+
+    recipe = tmp_path / "hostile.yaml"
+    recipe.write_text(text)
+    out = run_hibert(["pretrain", recipe, "--print-config"], timeout=30, check=False)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.count("\n") == 1 and str(recipe) in out.stderr and needle in out.stderr, out.stderr[-2000:]
+    with pytest.raises(ConfigError, match="refers to the node that holds it"):   # an override's value the same
+        load_config(None, ["run.name=&a [*a]"])
+    aliased = tmp_path / "aliased.yaml"   # ordinary anchors and aliases still load
+    aliased.write_text("run: &r {name: x}\nslurm: {pipeline: [{name: p, command: prep, overrides: [&o 'a=1', *o]}]}\n")
+    assert load_config(aliased).slurm.pipeline[0].overrides == ["a=1", "a=1"]

@@ -275,3 +275,29 @@ def test_titles_are_read_as_ids_and_as_the_summarizers_first_unit(prepared):
     assert not titled.titled[u] and titled.units_text(u) == plain.units_text(u)
     capped = RankedClusters(ds, "lead", budget=10_000, title_unit=True, max_units=2)
     assert len(capped.units(k)) == 2 and capped.units_text(k)[0] == ["Storm hits coast"]
+
+
+@pytest.mark.timeout(60)
+def test_synth_clusters_refuses_binary_missing_or_unusable_input_in_one_line(tmp_path, capsys, read_only_dir):
+    """A binary file (here a gzipped JSONL), a directory, a missing file and a file without one usable record:
+    one line naming the input, exit 2, no output written (it used to print "0 clusters", exit 0). An output that
+    cannot be written: one line naming it (the `hibert` command's own catch), exit 2."""
+    from hibert.cli import main
+
+    good = json.dumps({"article": "Rain fell.", "highlights": "Rain."}) + "\n"
+    binary = tmp_path / "articles.jsonl.gz"
+    binary.write_bytes(gzip.compress(good.encode() * 50))
+    fields = tmp_path / "other_fields.jsonl"
+    fields.write_text(json.dumps({"text": "Rain fell.", "summary": "Rain."}) + "\n")
+    out = tmp_path / "clusters.jsonl"
+    for src, needle in [(binary, "is a binary file"), (tmp_path, "is a directory"),
+                        (tmp_path / "none.jsonl", "cannot be read"), (fields, "holds no usable record")]:
+        assert main(["synth-clusters", "--input", str(src), "--output", str(out)]) == 2, src
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--input {src}" in err and needle in err, err
+    assert not out.exists()
+    src = tmp_path / "good.jsonl"
+    src.write_text(good * 3)
+    assert main(["synth-clusters", "--input", str(src), "--output", str(read_only_dir / "sub" / "c.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{read_only_dir / 'sub'} is not writable" in err, err

@@ -738,3 +738,59 @@ def test_a_dataset_keeps_every_shard_mapped_that_the_open_file_limit_allows(tmp_
         b[i]
     assert len(a._parts) + len(b._parts) <= 4 and dataset_module.mapped_estimate() <= 4 * per
     assert [[x.tolist() for x in a[i]] for i in range(len(a))] == want_items
+
+
+@pytest.mark.timeout(120)
+def test_staging_left_by_a_dead_process_is_cleared_and_a_finished_prep_leaves_none(tmp_path):
+    """A shard's staging (`.tmp/shard-NNNNN.<pid>`) left by a process that died (kill -9, a full disk): the next
+    process to work on that shard removes it (not a live process's), the merge removes whatever is left, and a
+    prep that fails on a shard gives its staging back at once."""
+    import os
+    import subprocess
+    import sys
+
+    from hibert.data_prep import process
+
+    src = tmp_path / "reuters.jsonl"
+    src.write_text("\n".join((SAMPLES / "reuters_sample.jsonl").read_text(encoding="utf-8").splitlines()[:40]) + "\n")
+    cfg = data_cfg(tmp_path / "out", [SourceConfig(format="jsonl", path=str(src), text_field="body", id_field="newid")],
+                   tokenizer=TokenizerConfig(vocab_size=300, hard_vocab_limit=False))
+    out = Path(cfg.output)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    staged = {name: out / ".tmp" / name for name in
+              (f"shard-00000.{dead.pid}", f"shard-00001.{dead.pid}", f"shard-00001.{os.getppid()}")}
+    for d in staged.values():
+        (d / "train").mkdir(parents=True)
+        (d / "train" / "tokens.bin").write_bytes(b"\0" * 1000)
+    assert prepare(cfg, num_shards=2, shard_index=1, progress=False) is None   # an array task: shard 1
+    assert {n for n, d in staged.items() if d.exists()} == {f"shard-00000.{dead.pid}", f"shard-00001.{os.getppid()}"}
+    assert prepare(cfg, num_shards=2, shard_index=0, progress=False) is None
+    assert [p.name for p in (out / ".tmp").iterdir()] == [f"shard-00001.{os.getppid()}"]   # a live process's
+    prepare(cfg, merge_only=True, progress=False)
+    assert not (out / ".tmp").exists()
+    # a shard that fails (here: a full disk as the split is written) leaves no staging behind
+    shard_marker(out, 0).unlink()
+
+    def full(self: object, directory: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(process.SplitWriter, "write", full)
+        with pytest.raises(OSError, match="No space left"):
+            prepare(cfg, progress=False)
+    assert list((out / ".tmp").iterdir()) == []
+    prepare(cfg, progress=False)
+    assert not (out / ".tmp").exists()
+
+
+@pytest.mark.timeout(60)
+def test_prep_into_a_directory_it_cannot_write_is_one_line(tmp_path, read_only_dir, capsys):
+    """A read-only data.output (or one under a read-only directory): one line naming it, exit 2, before any work."""
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"text": "One sentence here. Another one there."}) + "\n")
+    for out in (read_only_dir, read_only_dir / "sub"):
+        code = main(["prep", f"data.output={out}", f"data.sources=[{{format: jsonl, path: '{src}'}}]", "--no-progress"])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1, err
+        assert f"data.output {out} is not writable" in err and "Traceback" not in err, err

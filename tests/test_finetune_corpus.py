@@ -321,3 +321,64 @@ def test_a_finished_output_asked_for_with_other_settings_or_input_is_refused(tmp
     with pytest.raises(UserError, match="the input: its content changed"):
         check_complete(stats, fp, export_digest(src), out)
     check_complete({k: v for k, v in stats.items() if k != "settings"}, fp, export_digest(src), out)  # older stats
+
+
+# ------------------------------------------------------------------- targets that cannot be written, stops
+def test_an_output_in_a_directory_it_cannot_write_is_one_line_before_the_model(tmp_path, read_only_dir, capsys):
+    src = corpus(tmp_path / "in.jsonl")
+    for out in (read_only_dir / "o.jsonl", read_only_dir / "sub" / "o.jsonl"):
+        code, err, _ = cli(tmp_path, capsys, input=[str(src)], output=str(out))
+        assert code == 2 and err.count("\n") == 1, err
+        assert f"--output's directory {out.parent} is not writable" in err and "cannot load model" not in err, err
+
+
+def test_a_full_disk_names_the_output_not_the_run_directory(tmp_path, small_disk, capsys, monkeypatch):
+    """ENOSPC while the part is written (a plain write: no file name in the error): one line naming --output and
+    its free space, exit 1; what was written is kept."""
+    from hibert.finetune import corpus_cli
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"d{i}", "text": f"w{i} " + "alpha " * 200}) + "\n" for i in range(400)))
+    whole = lambda docs: [Summary(i, [t], [0], 1, "") for i, t in docs]   # ~1.2 kB a line
+    monkeypatch.setattr(corpus_cli, "_run", lambda cfg, args, settings, output, done: summarize_shard(
+        whole, Source(src), output, Shard(0, 1), 4) and 0)
+    small_disk.resize("64k")
+    out = small_disk.path / "o.jsonl"
+    code, err, _ = cli(tmp_path, capsys, input=[str(src)], output=str(out))
+    assert code == 1 and err.count("\n") == 1, err
+    assert f"no space left on device writing --output {out}" in err and "runs/hibert" not in err, err
+    assert part_path(out, Shard(0, 1)).stat().st_size > 0
+
+
+STOPPED = """
+import sys, time, argparse
+from pathlib import Path
+import hibert.finetune.corpus_cli as c
+from hibert.finetune.inference.corpus import summarize_shard
+from hibert.finetune.inference.source import Shard, Source
+from hibert.finetune.inference.text import Summary
+from hibert.finetune.settings import SummarizeSettings
+d = Path(sys.argv[1])
+def slow(docs):
+    time.sleep(0.1)
+    return [Summary(i, [t.split()[0]], [0], 1, "") for i, t in docs]
+c._run = lambda cfg, args, settings, output, done: summarize_shard(slow, Source(d / "in.jsonl"), output, Shard(0, 1), 1) and 0
+args = argparse.Namespace(input=[str(d / "in.jsonl")], output=str(d / "out.jsonl"), limit=None, shard=None, merge=False,
+                          shards=None, nproc=1)
+sys.exit(c.run_summarize_corpus(None, args, SummarizeSettings()))
+"""
+
+
+def test_a_stopped_corpus_run_says_what_is_kept_and_that_a_rerun_resumes(tmp_path):
+    corpus(tmp_path / "in.jsonl", 200)
+    proc = subprocess.Popen([sys.executable, "-c", STOPPED, str(tmp_path)], stderr=subprocess.PIPE, text=True)
+    part = part_path(tmp_path / "out.jsonl", Shard(0, 1))
+    deadline = time.time() + 30
+    while not (part.is_file() and part.read_bytes().count(b"\n") >= 2) and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    kept = part.read_bytes().count(b"\n")
+    assert proc.returncode == 128 + signal.SIGTERM and err.count("\n") == 1, err
+    assert f"stopped by SIGTERM: {kept} summaries written so far are kept in {part}; rerun the same command to " \
+           "resume" in err, err

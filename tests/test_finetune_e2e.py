@@ -1,5 +1,6 @@
 """`hibert finetune / evaluate / summarize` on the prepared CNN/DM sample (real DeepSpeed, MLflow, ROUGE)."""
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -277,6 +278,87 @@ def test_pyfunc_predict_picks_what_summarize_picks(finetuned, monkeypatch):
     assert list(zip(got["summary"], got["indices"])) == want
     with pytest.raises(MlflowException, match="params.k 0: must be >= 1"):
         model.predict(pd.DataFrame({"text": texts}), params={"k": 0})
+
+
+def test_the_served_model_is_the_evaluated_one(finetuned, tmp_path, monkeypatch):
+    """k and trigram blocking are tuned on validation at export (extractive.json + selection_tuning.json), and
+    that one selection is what `hibert evaluate` scores, `hibert summarize` prints and the pyfunc model serves:
+    the same sentences picked on the same test documents, with no flags or params given. The registered version
+    records it (tags, description)."""
+    import mlflow
+    import pandas as pd
+
+    from hibert.data_prep import DocumentDataset
+    from hibert.finetune.evaluation.report import documents
+    from hibert.finetune.inference.text import TextEncoder
+    from hibert.registry import client
+    from serving_helpers import mlflow_store
+
+    root, over = finetuned
+    export = root / "ft" / "export"
+    selection = json.loads((export / "extractive.json").read_text())
+    tuning = json.loads((export / "selection_tuning.json").read_text())
+    assert tuning["tuned"] and tuning["documents"] > 0 and len(tuning["grid"]) == 10
+    best = max(tuning["grid"], key=lambda g: g["rouge"])
+    assert selection == {"top_k": best["k"], "trigram_blocking": best["trigram_blocking"]} != {}
+    assert tuning["configured"] == {"top_k": 2, "trigram_blocking": False}
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    mv = client(uri).get_model_version_by_alias("hibert-extractive", "finetuned")
+    assert mv.tags["top_k"] == str(selection["top_k"]) and "the model's own (extractive.json), tuned" in mv.description
+    assert "selected by valid_rouge" in mv.description
+
+    out = tmp_path / "report"
+    run_hibert(["evaluate", *over, "--bootstrap", "20", "--out", out], timeout=300)
+    report = json.loads((out / "report.json").read_text())
+    assert (report["meta"]["k"], report["meta"]["trigram_blocking"]) == (selection["top_k"],
+                                                                         selection["trigram_blocking"])
+    assert "served model use the same" in report["meta"]["notes"][-1]
+    docs = documents(DocumentDataset(finetuned_dataset(finetuned), "test"))
+    picks = dict(zip([d.doc_id for d in docs], report["picks"]["model"]))
+    # the documents whose text `summarize` segments into the evaluated sentences (the same segmenter as prep;
+    # a sentence per paragraph, as the prepared text is tokenized and would not always split the same again)
+    encode = TextEncoder(export, json.loads((export / "export.json").read_text()), None)
+    same = [d for d in docs if encode("\n\n".join(d.sentences), d.doc_id)[0] == d.sentences]
+    assert len(same) >= 3, (len(same), len(docs))
+    inputs = tmp_path / "test_docs.jsonl"
+    inputs.write_text("".join(json.dumps({"id": d.doc_id, "text": "\n\n".join(d.sentences)}) + "\n" for d in same))
+    # a registered model is downloaded once into the user's model cache, quietly, and nothing lands in the cwd
+    cwd, cache = tmp_path / "cwd", tmp_path / "cache"
+    cwd.mkdir()
+    env = {**os.environ, "HIBERT_CACHE": str(cache)}
+    for _ in range(2):
+        printed = run_hibert(["summarize", *over, "--model", "models:/hibert-extractive@finetuned", "--input", inputs,
+                              "--json"], cwd=cwd, env=env)
+        assert "Downloading artifacts" not in printed.stderr
+    assert list(cwd.iterdir()) == [] and len(list(cache.glob("models/*/hibert-extractive/*"))) == 1
+    summarized = dict(zip([d.doc_id for d in same], [r["indices"] for r in map(json.loads, printed.stdout.splitlines())]))
+    with mlflow_store(uri, monkeypatch):
+        model = mlflow.pyfunc.load_model("models:/hibert-extractive@finetuned")
+    got = model.predict(pd.DataFrame({"id": [d.doc_id for d in same], "text": ["\n\n".join(d.sentences) for d in same]}))
+    served = dict(zip([d.doc_id for d in same], [list(map(int, i)) for i in got["indices"]]))
+    assert len(summarized) == len(served) == len(same) and list(got["id"]) == [d.doc_id for d in same]
+    for d in same:
+        assert picks[d.doc_id] == summarized[d.doc_id] == served[d.doc_id], d.doc_id
+
+
+def test_served_extractive_model_refuses_what_the_cli_refuses_with_our_message(finetuned, tmp_path):
+    """`mlflow models serve` of the extractive version: the same params, bounds and refusals as every head —
+    another head's params (beam, batch_size) are a 400 saying they do not apply, k=0 is out of bounds — and the
+    400's body is our message, not MLflow's dump of the request."""
+    from serving_helpers import invoke, served
+
+    root, _ = finetuned
+    rows = {"dataframe_records": [{"id": "a", "text": "Rain fell for a week. Rivers rose. Two bridges closed."}]}
+    with served("models:/hibert-extractive@finetuned", f"sqlite:///{root / 'mlflow.db'}", tmp_path / "serve.log") as url:
+        status, body = invoke(url, {**rows, "params": {"k": 2}})
+        assert status == 200 and len(body["predictions"][0]["summary"]) == 2, body
+        for params, says in (({"beam": -1}, "params.beam: does not apply to an extractive model (its params: "
+                                             "params.k)"),
+                             ({"batch_size": 20}, "params.batch_size: does not apply to an extractive model"),
+                             ({"k": 0}, "params.k 0: must be >= 1")):
+            status, body = invoke(url, {**rows, "params": params})
+            assert status == 400 and body["message"].startswith(says), (params, body)
+            assert "Failed to predict" not in body["message"] and "Rain fell" not in body["message"]
 
 
 def test_summarize_a_corpus_streams_resumes_after_kill9_and_splits_over_processes(finetuned, tmp_path):

@@ -201,3 +201,27 @@ def test_a_deeply_nested_json_line_is_one_line_in_print_mode(tmp_path):
     src.write_text(json.dumps({"text": "fine"}) + "\n" + "[" * 100_000 + "\n")
     with pytest.raises(InputError, match=r"deep.jsonl:2: invalid JSON \(nested too deeply\)"):
         list(read_documents(str(src), "text"))
+
+
+def test_the_demo_offers_to_serve_only_models_that_write(tmp_path):
+    """The demo's "serve:" lines: the extractive model, and a decoding model only when its recorded validation
+    perplexity says it writes; one that cannot yet is named as not served, with the reason."""
+    from pathlib import Path
+
+    from slurm.local import serve_lines
+
+    def export(name: str, task: str, version: str, ppl: float | None = None) -> Path:
+        d = tmp_path / name / "export"
+        d.mkdir(parents=True)
+        (d / "export.json").write_text(json.dumps({"task": task, "metrics": {} if ppl is None else {"valid_ppl": ppl}}))
+        (d / "MLmodel").write_text("flavors: {}\n")
+        (d / "registry.json").write_text(json.dumps({"version": version}))
+        return d
+
+    ext, abs_bad = export("ft", "extractive", "3"), export("abs", "abstractive", "2", ppl=612.0)
+    lines = serve_lines([ext, abs_bad], "sqlite:////x/mlflow.db")
+    assert len(lines) == 2 and "serve:" in lines[0] and "-m models:/hibert-extractive/3" in lines[0]
+    assert lines[1].startswith("  not served:   models:/hibert-abstractive/2: this model's decoder cannot write yet")
+    abs_ok = export("abs2", "abstractive", "4", ppl=9.0)
+    lines = serve_lines([ext, abs_ok], "sqlite:////x/mlflow.db")
+    assert ["-p 5001" in lines[0], "models:/hibert-abstractive/4" in lines[1], "-p 5002" in lines[1]] == [True] * 3

@@ -576,12 +576,13 @@ def test_structural_attention_is_chowdhury_eq_1_2_by_hand(split, root):
 
 
 def test_decoder_structural_context_feeds_vocab_and_gate_not_copy():
-    """c_struct = out(sum_u softmax_u(q(s) . k(g_u) / sqrt(d)) v(h_u)) per head; it changes p_vocab and p_gen,
-    while the copy distribution keeps the plain token attention."""
+    """The dot form: c_struct = out(sum_u softmax_u(q(s) . k(g_u) / sqrt(d)) v(h_u)) per head (the additive form
+    by hand: tests/test_paper_options.py); c_struct changes p_vocab and p_gen, while the copy distribution keeps
+    the plain token attention."""
     from hibert.modeling.structural import StructuralContext
 
     torch.manual_seed(4)
-    ctx = StructuralContext(8, heads=2)
+    ctx = StructuralContext(8, heads=2, form="dot")
     g, h = torch.randn(1, 3, 8), torch.randn(1, 3, 8)
     mask = torch.tensor([[True, True, False]])
     x = torch.randn(1, 2, 8)
@@ -603,14 +604,14 @@ def test_decoder_structural_context_feeds_vocab_and_gate_not_copy():
         base = model(batch, return_log_probs=True).log_probs
         model.decoder.copy_gate.bias.fill_(-40.0)                # all copy: the plain token attention
         copy_only = model(batch, return_log_probs=True).log_probs
-        model.decoder.structure.v.weight.mul_(3.0)               # c_struct changes, p_gen ~ 0 ...
+        model.decoder.structure.out.weight.mul_(3.0)             # c_struct changes, p_gen ~ 0 ...
         moved = model(batch, return_log_probs=True).log_probs
     torch.testing.assert_close(moved.exp(), copy_only.exp(), atol=1e-6, rtol=0)  # ... the copy part does not
     assert not torch.allclose(base, copy_only)
     with torch.no_grad():
         model.decoder.copy_gate.bias.fill_(0.0)
         before = model(batch, return_log_probs=True).log_probs
-        model.decoder.structure.v.weight.mul_(3.0)
+        model.decoder.structure.out.weight.mul_(3.0)
         after = model(batch, return_log_probs=True).log_probs
     assert (after - before).abs().max() > 1e-3                   # ... p_vocab and p_gen read it
 
@@ -626,7 +627,10 @@ def test_structural_switches_and_older_exports():
     assert model.state_dict()["global_encoder.layers.0.structure.out.weight"].shape == (32, 96)
     new = HibertMDS(ENC, DecoderConfig(layers=1), MDSConfig(global_layers=1, structural_attention=True))
     keys = set(new.state_dict())
-    assert "global_encoder.layers.0.structure.root_vector" in keys and "decoder.structure.q.weight" in keys
+    assert "global_encoder.layers.0.structure.root_vector" in keys and "decoder.structure.w_g.weight" in keys
+    old_ctx = HibertMDS(ENC, DecoderConfig(layers=1), stored_mds_config(
+        {"global_layers": 1, "structural_attention": True, "structural_decoder": True}))
+    assert old_ctx.decoder.structure.form == "dot" and "decoder.structure.q.weight" in old_ctx.state_dict()
     off = HibertMDS(ENC, DecoderConfig(layers=1), MDSConfig(global_layers=1, structural_attention=True,
                                                             structural_decoder=False))
     assert off.decoder.structure is None

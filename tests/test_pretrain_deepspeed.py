@@ -1,11 +1,13 @@
 """`hibert pretrain` for real: DeepSpeed ZeRO on 2 CPU ranks (gloo), checkpoints, resume, preemption,
 registry stages. Every multi-process step has a hard timeout."""
+import contextlib
 import json
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -344,3 +346,94 @@ def test_a_second_run_on_the_same_directory_refuses_on_every_rank(tiny_data, tmp
     out = second.stdout + second.stderr
     assert second.returncode != 0 and out.count(f"run directory {tmp_path / 'busy'} is in use by pid") == 2, out[-3000:]
     assert "Traceback" not in out
+
+
+@pytest.mark.timeout(300)
+def test_a_missing_init_reference_is_one_line_before_any_rank_starts(tiny_data, tmp_path):
+    """`run.init` naming an alias the store lacks, with --nproc 2: the launcher says so in one line within seconds
+    and creates nothing (no run directory). Ranks started without the launcher (torchrun, srun) end in one line
+    each: rank 0 sends the failure to its peers instead of leaving them to die in the broadcast."""
+    from hibert.config import load_config, save_resolved
+
+    over = tiny_train_overrides(tmp_path, "noinit", tiny_data["open"])
+    t0 = time.time()
+    out = run_hibert(["pretrain", *over, "run.init=models:/hibert-encoder@nope", "--nproc", "2"], timeout=120,
+                     check=False)
+    assert out.returncode == 1 and time.time() - t0 < 30, out.stderr[-3000:]
+    assert out.stderr.count("\n") == 1 and "'models:/hibert-encoder@nope' does not resolve in sqlite" in out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"], out.stderr  # nothing created
+    # the same config straight to the ranks
+    cfg = load_config(None, [*over, "run.init=models:/hibert-encoder@nope"])
+    recipe = save_resolved(cfg, tmp_path / "recipe")
+    code = ("import sys; from hibert.runtime.launch import launch_local\n"
+            "sys.exit(launch_local(2, ['-m', 'hibert.cli', 'pretrain', sys.argv[1]]))")
+    t0 = time.time()
+    out = subprocess.run([sys.executable, "-c", code, str(recipe)], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert out.returncode == 1 and time.time() - t0 < 60, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and out.stderr.count("does not resolve") == 2, out.stderr[-3000:]
+
+
+@pytest.mark.timeout(300)
+def test_a_disk_filled_by_another_writer_mid_run_is_one_line_not_mlflow_tracebacks(tiny_data, small_disk):
+    """The run directory and its sqlite store on a disk that another writer fills mid-run: MLflow's store logs each
+    failed write with its traceback; those become one line per distinct error, and the run ends with its own."""
+    small_disk.resize("40m")
+    args = ["pretrain", *tiny_train_overrides(small_disk.path, "filled", tiny_data["open"], **{
+        "schedule.max_steps": 3000, "schedule.epochs": 300, "checkpoint.every_steps": 2000,
+        "tracking.register_model": "false"}), "--stage", "open-domain", "--nproc", "2"]
+    log = small_disk.path.parent / "filled.log"
+    proc = _start(args, log)
+    try:
+        t0 = time.time()
+        while not re.search(r"step 3/", log.read_text()):
+            assert proc.poll() is None and time.time() - t0 < 240, log.read_text()[-3000:]
+            time.sleep(0.2)
+        with open(small_disk.path / "filler", "wb") as f, pytest.raises(OSError):   # the other writer
+            while True:
+                f.write(b"\0" * 2**20)
+                f.flush()
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    out = log.read_text()
+    assert code == 1 and "no space left on device" in out, out[-3000:]
+    assert "Traceback" not in out and out.count("mlflow.store") <= 2, out[-5000:]
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a rank reparented to a PID 1 that does not reap stays one)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="Linux: PR_SET_PDEATHSIG and /proc")
+@pytest.mark.timeout(300)
+def test_the_ranks_die_with_a_killed_launcher(tiny_data, tmp_path):
+    """kill -9 of the --nproc launcher: its ranks are gone within seconds (they do not train on and register)."""
+    args = ["pretrain", *tiny_train_overrides(tmp_path, "orphans", tiny_data["open"], **{
+        "schedule.max_steps": 3000, "schedule.epochs": 300, "checkpoint.every_steps": 2000}),
+            "--stage", "open-domain", "--nproc", "2"]
+    log = tmp_path / "orphans.log"
+    proc = _start(args, log)
+    try:
+        ranks = [_rank_pid(proc, r) for r in (0, 1)]
+        t0 = time.time()
+        while not re.search(r"step 2/", log.read_text()):
+            assert proc.poll() is None and time.time() - t0 < 240, log.read_text()[-3000:]
+            time.sleep(0.2)
+        proc.kill()
+        proc.wait(timeout=30)
+        t0 = time.time()
+        while any(_running(pid) for pid in ranks) and time.time() - t0 < 10:
+            time.sleep(0.1)
+        assert not any(_running(pid) for pid in ranks), (ranks, log.read_text()[-2000:])
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)   # the session: whatever the test left
+        proc.wait(timeout=30)
+    assert not (tmp_path / "orphans" / "export").exists()

@@ -411,3 +411,33 @@ def test_redaction_takes_linear_time_on_long_hostile_strings():
     assert redact_uri("a=" * 20 + "b").endswith("=***")
     assert redact_uri("--container-env=WANDB_API_KEY=abc https://u:p/w@h:5/x") == \
         "--container-env=WANDB_API_KEY=*** https://u:***@h:5/x"
+
+
+@pytest.mark.timeout(180)
+def test_a_run_ended_on_a_server_prints_no_password_and_the_resolved_config_is_owner_only(tmp_path, capfd):
+    """MLflow prints "View run ... at: <tracking URI>" when a run on a server ends, user:password@ included:
+    suppressed for every client this platform makes. config.resolved.yaml, which keeps the real URI for a
+    resume, is readable by its owner only."""
+    import stat
+
+    from hibert.config import Config
+    from hibert.config.load import save_resolved
+    from hibert.registry import client, experiment_id
+    from hibert.runtime.tracking import send
+    from serving_helpers import free_port, kill_group, tracking_server
+
+    port = free_port()
+    server = tracking_server(tmp_path / "server", port)
+    try:
+        uri = f"http://alice:Sup3rSecretPW@127.0.0.1:{port}"
+        run_id = client(uri).create_run(experiment_id(uri, "hibert")).info.run_id
+        send(uri, [{"op": "end", "status": "FINISHED", "run_id": run_id}])
+        assert client(uri).get_run(run_id).info.status == "FINISHED"
+        out = capfd.readouterr()
+        assert "Sup3rSecretPW" not in out.out + out.err and "View run" not in out.out
+    finally:
+        kill_group(server)
+    cfg = Config()
+    cfg.tracking.uri = uri
+    path = save_resolved(cfg, tmp_path / "run")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and "Sup3rSecretPW" in path.read_text()

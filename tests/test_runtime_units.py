@@ -353,3 +353,31 @@ def test_a_window_without_trained_steps_logs_its_statistics_without_rates():
     Trainer._log_window(fake, 9, trained, {"loss_sum": 1.0, "n": 1.0}, 0, summed=True)
     step, m = logged[-1]
     assert step == 9 and m["grad_norm"] == 2.0 and m["tokens_per_s"] > 0 and "peak_memory_gb" in m
+
+
+def test_the_launcher_looks_up_run_init_without_downloading_or_creating_anything(tmp_path):
+    """`check_init_reference` (the launcher's check of run.init): a registered alias or version and a directory
+    pass; a missing alias, version or model, a malformed reference, a missing directory and a store that does
+    not exist are one UserError line each, and looking creates no store."""
+    from conftest import seed_store
+
+    from hibert.errors import UserError
+    from hibert.registry import client
+    from hibert.runtime.launch import check_init_reference
+
+    seed_store(tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = client(uri)
+    c.create_registered_model("enc")
+    version = c.create_model_version("enc", source=str(tmp_path)).version
+    c.set_registered_model_alias("enc", "stage", version)
+    for ok in ("models:/enc@stage", f"models:/enc/{version}", str(tmp_path), None):
+        check_init_reference(ok, uri)
+    for bad, needle in [("models:/enc@nope", "does not resolve"), ("models:/enc/99", "does not resolve"),
+                        ("models:/other@stage", "does not resolve"), ("models:/enc/x", "<version number>"),
+                        (str(tmp_path / "none"), "neither a models:/ reference nor a directory")]:
+        with pytest.raises(UserError, match=needle):
+            check_init_reference(bad, uri)
+    with pytest.raises(UserError, match="no registry at"):
+        check_init_reference("models:/enc@stage", f"sqlite:///{tmp_path / 'elsewhere' / 'mlflow.db'}")
+    assert not (tmp_path / "elsewhere").exists()

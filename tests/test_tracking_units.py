@@ -239,7 +239,7 @@ def test_served_rows_match_the_cli_for_an_empty_document_and_none_params(tmp_pat
     summarizer.encode, summarizer.decoder = _Encoder(), _Decoder()
     served = object.__new__(HibertPyfunc)
     served.head, served.clusters, served.max_chars = SimpleNamespace(decodes=False, name="x"), False, 10_000
-    served.summarizer, served.settings = summarizer, None
+    served.summarizer, served.settings, served.model_note = summarizer, None, None
     out = served.predict({"id": ["a", "b"], "text": ["One. Two.", "\ufeff"]})
     records = json.loads(out.to_json(orient="records"))
     assert records == [s.record(False) for s in summarizer.summarize_all([("a", "One. Two."), ("b", "\ufeff")])]
@@ -250,8 +250,15 @@ def test_served_rows_match_the_cli_for_an_empty_document_and_none_params(tmp_pat
     served.settings = get_head("extractive").inference.stored(tmp_path)
     assert served._overrides({"k": None}) == {"settings": served.settings}   # the model's own selection
     assert served._overrides({"k": 2})["settings"].model_dump() == {"top_k": 2, "trigram_blocking": True}
-    with pytest.raises(Exception, match=r"unknown params \['beam'\]"):
-        served._overrides({"k": None, "beam": 3})
+    with pytest.raises(Exception, match=r"unknown params \['foo'\]: this model takes \['k'\]"):
+        served._overrides({"k": None, "foo": 3})
+    # another head's params, as the signature passes them on: None is "not given", a value is refused as the CLI
+    # refuses the flag (the same bounds and refusals on every head)
+    assert served._overrides({"k": None, "beam": None, "batch_size": None}) == {"settings": served.settings}
+    for param in ({"beam": -1}, {"batch_size": 20}):
+        with pytest.raises(Exception, match=rf"params.{next(iter(param))}: does not apply to an extractive model "
+                                            r"\(its params: params.k\)"):
+            served._overrides({"k": None, **param})
 
 
 # ------------------------------------------------------------------ a server gone between the check and the start
@@ -393,3 +400,38 @@ def test_a_record_that_cannot_be_written_does_not_stop_the_run(tmp_path, monkeyp
         tracker.metrics({"train_loss": 0.9}, 2)
     assert [m.step for m in mlflow.MlflowClient(cfg.tracking.uri).get_metric_history(run_id, "train_loss")] == [1, 2]
     assert sum("cannot record the logged steps" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_mlflows_store_errors_are_one_line_each_without_tracebacks(capfd, monkeypatch):
+    """MLflow's SQL store logs every failed write with its traceback before raising it (a full disk under a sqlite
+    store: ~40 lines per write): one line per distinct database error instead; DEBUG keeps the tracebacks."""
+    import logging
+    import sqlite3
+
+    import sqlalchemy.exc
+
+    from hibert.logs import LEVEL_ENV, MLFLOW_STORE_LOGGER, setup_logging
+
+    store = logging.getLogger(MLFLOW_STORE_LOGGER)
+
+    def fail(n: int) -> None:
+        for _ in range(n):
+            try:
+                raise sqlalchemy.exc.OperationalError("INSERT INTO metrics", {}, sqlite3.OperationalError(
+                    "database or disk is full"))
+            except sqlalchemy.exc.OperationalError as e:
+                store.exception("SQLAlchemy database error. The following exception is caught.\n%s", e)
+
+    monkeypatch.delenv(LEVEL_ENV, raising=False)
+    try:
+        setup_logging(0)
+        fail(5)
+        err = capfd.readouterr().err
+        assert err.count("\n") == 1 and "database or disk is full" in err and "Traceback" not in err, err
+        monkeypatch.setenv(LEVEL_ENV, "DEBUG")
+        setup_logging(0)
+        fail(1)
+        assert "Traceback" in capfd.readouterr().err
+    finally:
+        monkeypatch.undo()
+        setup_logging(0)

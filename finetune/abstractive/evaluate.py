@@ -72,10 +72,13 @@ class AbstractiveEvaluation(SummaryEvaluation):
         result["abstractiveness"] = {name: abstractiveness(s, sources) for name, s in systems.items()}
 
     def report_meta(self, compared_with: list[str]) -> dict[str, Any]:
+        # the first chunk: at most the dataset's max_doc_sentences sentences (its chunk size)
+        first = self.test.manifest.get("limits", {}).get("max_doc_sentences", self.cfg.data.max_doc_sentences)
         return {"task": "abstractive", "model": redact_uri(self.ref), "encoder_init": self.meta.get("init"),
                 "dataset": str(self.cfg.data.dataset_dir), "split": self.settings.split,
                 "generation": self.generation.model_dump(), "reads": "the first chunk of each document "
-                f"(<= {self.model.encoder.cfg.max_positions} positions; data.max_doc_sentences sentences)",
+                f"(<= {self.model.encoder.cfg.max_positions} positions; its first {first} sentences)",
+                "reads_sentences": first,
                 "lead3": "the first 3 sentences", "compared_with": compared_with,
                 "dataset_manifest": self.dataset_manifest(), "finetune_run": self.meta.get("mlflow_run_id")}
 

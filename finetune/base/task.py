@@ -2,11 +2,15 @@
 the registered model its head spec names, the `finetuned` alias, and the encoder/head optimizer groups."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from hibert.config import Config
 from hibert.config.model import ModelConfig
+from hibert.finetune.inference.fluency import fluency_note, recorded_ppl
 from hibert.finetune.serving.flavor import write_pyfunc_flavor
+from hibert.json_files import read_json_object
 from hibert.heads import get_head
 from hibert.runtime.task import ParamGroup, decay_groups
 
@@ -30,6 +34,16 @@ class EncoderHead:
         """A head that summarizes is also an MLflow pyfunc model (finetune/serving/flavor.py)."""
 
         write_pyfunc_flavor(out_dir)
+
+    def registry_notes(self, out_dir) -> tuple[list[str], dict[str, str]]:
+        """A decoding head's fluency (finetune/inference/fluency.py): the "cannot write yet" state belongs to
+        the registered version (tag `writes`, and the note in its description), not only to a terminal line."""
+        if not get_head(self.name).decodes:
+            return [], {}
+        ppl = recorded_ppl(read_json_object(Path(out_dir) / "export.json"))
+        note = fluency_note(out_dir)
+        writes = "unknown" if ppl is None else ("no" if note else "yes")
+        return ([note] if note else []), {"writes": writes}
 
 
 def encoder_and_head_groups(model: torch.nn.Module, cfg: Config, head_prefix: str) -> list[ParamGroup]:

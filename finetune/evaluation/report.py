@@ -23,7 +23,7 @@ ONE_SEED = ("One training seed of this model: its intervals carry document varia
             "move it by more than these differences; order trained systems with `hibert compare NAME=run ...` over "
             "several seeds (`--seeds` / `slurm.seeds`).")
 from hibert.finetune.base.selection import lead, oracle_from_labels
-from hibert.finetune.evaluation.viewer import write_viewer
+from hibert.finetune.evaluation.viewer import meta_text, write_viewer
 
 log = logging.getLogger("hibert.evaluate")
 HEADLINE = ("rouge1_f", "rouge2_f", "rougeL_f", "rougeLsum_f")
@@ -117,6 +117,99 @@ def score_systems(docs: list[Document], systems: dict[str, list[list[str]]], n_r
             "doc_ids": [d.doc_id for d in docs], "multi_reference": any(len(r) > 1 for r in refs)}
 
 
+# the bins of the picked-position histograms: sentence 1, 2, ..., 9 of the document, then 10 and later
+POSITION_BINS = 10
+
+
+def position_histograms(result: dict[str, Any], docs: list[Document]) -> dict[str, Any]:
+    """Where in the document each extract's sentences come from, when the result holds the model's own picks
+    (an extractive model): {"bins": ["1", ..., "10+"], "systems": {name: {"picks": n, "counts": [...],
+    "share": [...]}}} for the model, Lead-3 (0, 1, 2 by construction) and, where the documents carry oracle
+    labels, the oracle; {} otherwise."""
+    picks = result.get("picks") or {}
+    if not picks:
+        return {}
+    indices: dict[str, list[list[int]]] = {name: [list(p) for p in per_doc] for name, per_doc in picks.items()}
+    indices["lead3"] = [lead(d.sentences, 3) for d in docs]
+    if docs and all(getattr(d, "labels", None) is not None for d in docs):
+        indices["oracle"] = [oracle_from_labels(d.labels) for d in docs]
+    systems = {}
+    for name, per_doc in indices.items():
+        counts = [0] * POSITION_BINS
+        for doc_picks in per_doc:
+            for j in doc_picks:
+                counts[min(int(j), POSITION_BINS - 1)] += 1
+        total = sum(counts)
+        systems[name] = {"picks": total, "counts": counts,
+                         "share": [round(c / total, 4) if total else 0.0 for c in counts]}
+    return {"bins": [str(i + 1) for i in range(POSITION_BINS - 1)] + [f"{POSITION_BINS}+"], "systems": systems}
+
+
+def position_lines(positions: dict[str, Any], shown: tuple[str, ...] = ("model", "oracle")) -> list[str]:
+    """report.md's table of the picked positions: % of each system's picks at sentence 1, 2, ..., 10+."""
+    rows = [(name, positions["systems"][name]) for name in shown if name in positions.get("systems", {})]
+    if not rows:
+        return []
+    lines = ["Picked sentence position (% of each system's picked sentences at sentence 1, 2, ... of the "
+             "document; Lead-3 takes 1, 2, 3):", "",
+             "| picked sentence position | " + " | ".join(positions["bins"]) + " |",
+             "|---|" + "---|" * len(positions["bins"])]
+    for name, h in rows:
+        lines.append(f"| {name} ({h['picks']} picks) | " + " | ".join(f"{100 * x:.0f}" for x in h["share"]) + " |")
+    return lines
+
+
+def _on_off(v: Any) -> Any:
+    return ("on" if v else "off") if isinstance(v, bool) else v
+
+
+def meta_lines(meta: dict[str, Any]) -> list[str]:
+    """report.md's list of the meta: notes first (as a block of their own, see `notes_lines`), settings that are
+    dicts as nested lists (`generation`), empty lists and dicts left out (`compared_with: []`), the extract's
+    selection (`k`, `trigram_blocking`, whether flags gave it: `selection_given`) as one line, `reads_sentences`
+    only where no `reads` line says it."""
+    lines = []
+    selection = [f"k={meta['k']} sentences"] if "k" in meta else []
+    if "trigram_blocking" in meta:
+        selection.append(f"trigram blocking {_on_off(meta['trigram_blocking'])}")
+    if meta.get("selection_given"):
+        selection.append("as the command line's flags set them")
+    for key, value in meta.items():
+        if key == "notes" or (isinstance(value, (list, tuple, dict)) and not value) or \
+                (key == "reads_sentences" and "reads" in meta):
+            continue
+        if key in ("k", "trigram_blocking", "selection_given"):
+            if selection:
+                where = any("selection" in str(n).lower() for n in meta.get("notes") or [])
+                lines.append("- selection: " + ", ".join(selection)
+                             + (" (where these come from: see the notes above)" if where else ""))
+                selection = []
+            continue
+        if isinstance(value, dict):
+            lines.append(f"- {key}:")
+            lines += [f"  - {k}: {meta_text(v)}" for k, v in value.items()]
+        else:
+            lines.append(f"- {key}: {meta_text(value)}")
+    return lines
+
+
+def notes_lines(meta: dict[str, Any]) -> list[str]:
+    """The meta's notes as a quoted block, each one a paragraph: what a reader must know before the numbers."""
+    lines = []
+    for note in meta.get("notes") or []:
+        lines += [f"> **Note:** {note}", ">"]
+    return lines[:-1] + [""] if lines else []
+
+
+def chart_title(out_dir: Path, meta: dict[str, Any], num_documents: int) -> str:
+    """rouge.png's title: the run (the report directory's run directory, `<run>/report-<split>`, else the
+    report directory itself), its task and the split."""
+    out_dir = Path(out_dir).resolve()
+    run = out_dir.parent.name if out_dir.name.startswith("report-") else out_dir.name
+    task = f" ({meta['task']})" if meta.get("task") else ""
+    return f"{run}{task}: ROUGE on {meta.get('split', '?')}, {num_documents} documents (95% CI)"
+
+
 def write_report(out_dir: Path, result: dict[str, Any], docs: list[Document], meta: dict[str, Any]) -> dict[str, Path]:
     """report.json, report.md, rouge.png and the output viewer (viewer.html); returns their paths."""
     import matplotlib  # lazy: ~0.4 s, and the backend must be chosen before pyplot loads
@@ -126,8 +219,14 @@ def write_report(out_dir: Path, result: dict[str, Any], docs: list[Document], me
 
     out_dir.mkdir(parents=True, exist_ok=True)
     systems = result["systems"]
+    positions = position_histograms(result, docs)
     payload = {"meta": meta, "num_documents": result["num_documents"], "scores": systems,
                "paired": result.get("paired", {}), "abstractiveness": result.get("abstractiveness", {}),
+               **({"positions": positions} if positions else {}),
+               # the source sentences each system picked, per document (an extractive model's own picks)
+               **({"picks": result["picks"]} if result.get("picks") else {}),
+               # the model's summary of each document (its sentences), in the order of per_document's doc_ids
+               **({"outputs": result["outputs"]} if result.get("outputs") else {}),
                "per_document": {"doc_ids": result.get("doc_ids", []), **result.get("per_document", {})},
                "rouge_implementation": "rouge-score (Porter stemmer on; ROUGE-Lsum on newline-split sentences); "
                                        "not the Perl ROUGE-1.5.5",
@@ -135,8 +234,9 @@ def write_report(out_dir: Path, result: dict[str, Any], docs: list[Document], me
     (out_dir / "report.json").write_text(json.dumps(payload, indent=1))
 
     lines = [f"# {meta.get('task', 'summarization').capitalize()} summarization report", "",
+             *notes_lines(meta),
              f"- documents: {result['num_documents']}",
-             *[f"- {k}: {v}" for k, v in meta.items()],
+             *meta_lines(meta),
              f"- ROUGE: {payload['rouge_implementation']}; F1 x 100 with bootstrap 95% CI over documents",
              "", "| system | " + " | ".join(m.replace("_f", "") for m in HEADLINE) + " |",
              "|---|" + "---|" * len(HEADLINE)]
@@ -160,6 +260,8 @@ def write_report(out_dir: Path, result: dict[str, Any], docs: list[Document], me
                   "| system | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
         for name, stats in result["abstractiveness"].items():
             lines.append(f"| {name} | " + " | ".join(f"{stats[c]:.1f}" for c in cols) + " |")
+    if positions:
+        lines += ["", *position_lines(positions)]
     lines += ["", "## Examples", ""]
     for i in range(min(3, len(docs))):
         lines += [f"### {docs[i].doc_id}", ""]
@@ -179,12 +281,12 @@ def write_report(out_dir: Path, result: dict[str, Any], docs: list[Document], me
         ax.bar(x + j * width, means, width, yerr=err, capsize=3, label=name)
     ax.set_xticks(x + width * (len(names) - 1) / 2, [m.replace("_f", "") for m in HEADLINE])
     ax.set_ylabel("F1 (x100)")
-    ax.set_title(f"ROUGE on {result['num_documents']} documents (95% CI)")
+    ax.set_title(chart_title(out_dir, meta, result["num_documents"]), fontsize=10)
     ax.legend()
     fig.tight_layout()
     fig.savefig(out_dir / "rouge.png", dpi=120)
     plt.close(fig)
-    html = write_viewer(out_dir, result, docs, meta)
+    html = write_viewer(out_dir, {**result, "positions": positions}, docs, meta)
     return {"json": out_dir / "report.json", "md": out_dir / "report.md", "png": out_dir / "rouge.png",
             "html": html}
 

@@ -26,6 +26,7 @@ from hibert.finetune.evaluation.report import (
     score_systems,
     write_report,
 )
+from hibert.finetune.inference.fluency import fluency_note
 from hibert.finetune.settings import EvalSettings
 from hibert.hashing import file_hash
 from hibert.heads import EvalOutcome, head_of_export
@@ -125,12 +126,26 @@ class Evaluation(ABC):
 
     @abstractmethod
     def report_meta(self, compared_with: list[str]) -> dict[str, Any]:
-        """The report's meta: what was evaluated, on what, how (`dataset_manifest()` ties it to the data)."""
+        """The report's meta: what was evaluated, on what, how (`dataset_manifest()` ties it to the data). It may
+        hold `notes` (a string or a list of them: what a reader must know before the numbers, shown first in
+        report.md and the viewer) and `reads_sentences` (the model reads the first N sentences of each document:
+        the viewer greys the rest)."""
 
     def write_extras(self, out: Path) -> None:
         """Files of the head's own next to the report (e.g. the tuning of k)."""
 
     # ------------------------------------------------------------------ the skeleton
+    def notes(self, own: Any) -> list[str]:
+        """The report's notes, first in its meta: the decoder's fluency note (a head whose exports record whether
+        their decoder writes yet, `HeadSpec.decodes`), then the head's own (`notes` of its report meta)."""
+        notes = []
+        if head_of_export(self.export_dir).decodes:
+            note = fluency_note(self.export_dir)
+            if note:
+                notes.append(note)
+        own = [own] if isinstance(own, str) else list(own or [])
+        return notes + [str(n) for n in own if n]
+
     def dataset_manifest(self) -> str:
         manifest = Path(self.cfg.data.dataset_dir) / "manifest.json"
         return file_hash(manifest) if manifest.is_file() else "none"
@@ -147,9 +162,12 @@ class Evaluation(ABC):
         result = kind.score(docs, systems, s.bootstrap)
         if self.model_picks is not None:
             result["picks"] = {kind.model_row: self.model_picks}
+        if isinstance(kind, RougeReport):   # what the model wrote per document: what a served answer must equal
+            result["outputs"] = {kind.model_row: systems[kind.model_row]}
         kind.pair(result, reports, s.bootstrap)
         self.add_metrics(result, docs, systems)
         meta = self.report_meta(sorted(reports))
+        meta = {"notes": self.notes(meta.pop("notes", None)), **meta}   # first: read before the numbers
         if left_out.get(s.split):
             meta["documents_without_summary"] = len(left_out[s.split])   # left out of scoring (logged)
         out = s.report_dir(self.cfg.run_dir)

@@ -184,8 +184,23 @@ def _picks(summary: Sequence[str], source: Sequence[str], given: Sequence[int] |
     return sorted(set(taken))
 
 
+def meta_text(value: Any) -> str:
+    """A meta value as a reader reads it: on/off, none, a list joined by commas, a dict as `key value` pairs."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return "none"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {meta_text(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(meta_text(v) for v in value)
+    return str(value)
+
+
 def viewer_data(result: dict[str, Any], docs: Sequence[Any], meta: dict[str, Any]) -> dict[str, Any]:
-    """What the page embeds: per document its source, marks, summaries with copied spans, reference, scores."""
+    """What the page embeds: per document its source, marks, summaries with copied spans, reference, scores;
+    the meta's notes (shown first), the marks the legend explains (only those the page shows), the first
+    sentences the model reads (`reads_sentences` in the meta: later ones are greyed) and the picked positions."""
     systems = list(result["summaries"])
     per_doc = result.get("per_document", {})
     rows = []
@@ -211,8 +226,18 @@ def viewer_data(result: dict[str, Any], docs: Sequence[Any], meta: dict[str, Any
         rows.append(entry)
     title = f"{str(meta.get('task', 'summarization')).capitalize()} summaries on {meta.get('split', '?')}: " \
             f"{len(rows)} documents"
+    # the legend explains the marks this page shows: copied spans and novel words where a system writes its own
+    # words, a system's picked sentences where its summary is an extract of the source
+    legend = {"copy": any(not e["systems"][s]["extract"] for e in rows for s in systems),
+              **{f"pick-{who}": any(who in e["picks"] for e in rows) for who in ("model", "oracle")}}
+    reads = meta.get("reads_sentences")
     return {"title": title, "systems": systems, "documents": rows,
-            "meta": {k: v for k, v in meta.items() if isinstance(v, (str, int, float, bool)) or v is None}}
+            "notes": [str(n) for n in meta.get("notes") or []], "legend": legend,
+            "reads_sentences": reads if isinstance(reads, int) and not isinstance(reads, bool) and reads > 0 else None,
+            "positions": result.get("positions") or {},
+            "meta": {k: meta_text(v) for k, v in meta.items()   # notes above it; `reads` says reads_sentences
+                     if k != "notes" and not (isinstance(v, (list, tuple, dict)) and not v)
+                     and not (k == "reads_sentences" and "reads" in meta)}}
 
 
 def write_viewer(out_dir: Path, result: dict[str, Any], docs: Sequence[Any], meta: dict[str, Any]) -> Path:
@@ -220,8 +245,10 @@ def write_viewer(out_dir: Path, result: dict[str, Any], docs: Sequence[Any], met
     # every "<" escaped: "</script>" would end the element early and "<!--" (scraped text) would change how the
     # parser reads it; JSON reads \u003c back as "<"
     payload = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
-    parts = {"__TITLE__": html.escape(data["title"]), "__DATA__": payload}
-    page = re.sub("__TITLE__|__DATA__", lambda m: parts[m.group(0)], _PAGE)  # one pass: no value is re-read
+    # the notes are in the page itself, first: they read without the script
+    notes = "".join(f'<p><strong>Note:</strong> {html.escape(n)}</p>' for n in data["notes"])
+    parts = {"__TITLE__": html.escape(data["title"]), "__DATA__": payload, "__NOTES__": notes}
+    page = re.sub("__TITLE__|__DATA__|__NOTES__", lambda m: parts[m.group(0)], _PAGE)  # one pass: no value is re-read
     path = Path(out_dir) / VIEWER
     path.write_text(page, encoding="utf-8")
     return path
@@ -236,6 +263,13 @@ h1{font-size:1.25em} .meta{color:#555;font-size:.9em}
 table{border-collapse:collapse;width:100%} th,td{border-bottom:1px solid #ddd;padding:.3em .5em;text-align:left}
 th{cursor:pointer;background:#f4f4f4;position:sticky;top:0} th.sorted{background:#e2e8f0}
 tr.doc{cursor:pointer} tr.doc:hover{background:#f7fafc} td.num{text-align:right;font-variant-numeric:tabular-nums}
+tr.doc>td:first-child::before{content:"▸ ";color:#64748b} tr.doc[data-open]>td:first-child::before{content:"▾ "}
+.notes:empty{display:none} .notes{background:#fef3c7;border:1px solid #f59e0b;border-left:6px solid #d97706;
+  padding:.3em 1em;margin:.6em 0 1em;font-size:1.02em} .notes p{margin:.45em 0}
+.hint{color:#334155;margin:.4em 0 .6em} .sent.unread{color:#9ca3af} .unread-note{color:#6b7280;font-style:italic;
+  border-top:1px dashed #9ca3af;margin:.5em 0 .2em;padding-top:.2em;font-size:.9em}
+table.positions{width:auto;margin:.6em 0;font-size:.9em} table.positions th{cursor:default;position:static}
+table.positions td{text-align:right;font-variant-numeric:tabular-nums} table.positions caption{text-align:left;color:#555;white-space:nowrap}
 tr.detail>td{background:#fbfbfb;padding:.8em 1.2em} tr.detail.hidden{display:none}
 .cols{display:flex;gap:2em} .cols>div{flex:1;min-width:0}
 .sent{margin:.15em 0;padding:.05em .3em;border-left:4px solid transparent}
@@ -245,12 +279,15 @@ mark.copy{background:#fde68a} span.novel{color:#b91c1c;font-weight:600}
 .legend span{margin-right:1.2em} .tag{font-size:.8em;color:#555}
 </style></head><body>
 <h1 id="title">__TITLE__</h1>
+<div class="notes" id="notes">__NOTES__</div>
 <div class="meta" id="meta"></div>
-<div class="legend"><span class="sent pick-model">model's pick</span><span class="sent pick-oracle">oracle's pick</span>
-<span><mark class="copy">copied from the source</mark></span><span><span class="novel">novel word</span></span></div>
+<div id="positions"></div>
+<div class="legend" id="legend"></div>
 <div id="controls"><input id="filter" placeholder="filter: id, source, summaries or reference">
 <button id="worst">worst first</button>
 <span id="count"></span></div>
+<p class="hint" id="hint">Click a row to open its document: the source, every system's summary and the reference.
+Click a column heading to sort by it (again to reverse).</p>
 <table id="docs"><thead><tr id="head"></tr></thead><tbody id="rows"></tbody></table>
 <script type="application/json" id="data">__DATA__</script>
 <script>
@@ -260,16 +297,44 @@ const M = [["rouge1_f","R1"],["rouge2_f","R2"],["rougeL_f","RL"]];
 const el = (tag, cls, text) => {const e = document.createElement(tag); if (cls) e.className = cls;
   if (text !== undefined) e.textContent = text; return e;};
 document.getElementById("meta").textContent = Object.entries(D.meta).map(([k,v]) => k + ": " + v).join(" | ");
+// the legend: only the marks this page shows
+const legend = document.getElementById("legend"), L = D.legend || {};
+const legendKey = (cls, text, tag) => {const s = el("span"); s.appendChild(el(tag || "span", cls, text)); legend.appendChild(s);};
+if (L["pick-model"]) legendKey("sent pick-model", "model's pick");
+if (L["pick-oracle"]) legendKey("sent pick-oracle", "oracle's pick");
+if (L.copy) {legendKey("copy", "copied from the source", "mark"); legendKey("novel", "novel word");}
+if (D.reads_sentences) legendKey("sent unread", "not read by the model (after its first " + D.reads_sentences + " sentences)");
+// where the picked sentences sit in the document: % of each system's picks at sentence 1, 2, ..., 10+
+if (D.positions && D.positions.systems) {
+  const shown = ["model", "oracle"].filter(s => D.positions.systems[s]);
+  if (shown.length) {
+    const t = el("table", "positions"); t.appendChild(el("caption", "", "picked sentence position: % of each " +
+      "system's picks (Lead-3 takes 1, 2, 3)"));
+    const hr = el("tr"); hr.appendChild(el("th", "", "position")); D.positions.bins.forEach(b => hr.appendChild(el("th", "", b)));
+    t.appendChild(hr);
+    for (const s of shown) {const h = D.positions.systems[s], r = el("tr");
+      r.appendChild(el("th", "", s + " (" + h.picks + " picks)"));
+      h.share.forEach(x => r.appendChild(el("td", "", (100 * x).toFixed(0)))); t.appendChild(r);}
+    document.getElementById("positions").appendChild(t);
+  }
+}
 const cols = [{key: "id", label: "document", get: d => d.id}];
 for (const s of D.systems) for (const [m, l] of M)
   cols.push({key: s + ":" + m, label: s + " " + l, num: true, get: d => (d.systems[s].scores[m] ?? NaN)});
 let sortKey = null, sortAsc = true;
 const head = document.getElementById("head");
-cols.forEach(c => {const th = el("th", "", c.label); th.dataset.key = c.key;
+cols.forEach(c => {const th = el("th", "", c.label); th.dataset.key = c.key; th.title = "sort by " + c.label;
   th.onclick = () => {sortAsc = sortKey === c.key ? !sortAsc : !c.num; sortKey = c.key; render();}; head.appendChild(th);});
 function source(d) {
-  const box = el("div"); box.appendChild(el("h4", "", "source (" + d.source.length + " sentences)"));
-  d.source.forEach((s, i) => {const p = el("div", "sent", s);
+  // the model reads the first D.reads_sentences sentences (the data's limit): the rest is greyed, with a note
+  const n = D.reads_sentences, cut = n && d.source.length > n;
+  const box = el("div"); box.appendChild(el("h4", "", "source (" + d.source.length + " sentences" +
+    (cut ? "; the model reads the first " + n : "") + ")"));
+  d.source.forEach((s, i) => {
+    if (cut && i === n) box.appendChild(el("div", "unread-note", "not read by the model: sentences " + (n + 1) +
+      "\u2013" + d.source.length + " lie beyond the first " + n + " it reads (the data's limit); the baselines see " +
+      "the whole document"));
+    const p = el("div", cut && i >= n ? "sent unread" : "sent", s);
     for (const [who, idx] of Object.entries(d.picks)) if (idx.includes(i)) p.classList.add("pick-" + who);
     box.appendChild(p);});
   return box;
@@ -306,7 +371,8 @@ function render() {
   const q = document.getElementById("filter").value.toLowerCase();
   let docs = D.documents.filter(d => !q || haystack(d).includes(q));
   if (sortKey) docs = docs.slice().sort(order(cols.find(c => c.key === sortKey), sortAsc));
-  for (const th of head.children) th.classList.toggle("sorted", th.dataset.key === sortKey);
+  for (const [i, th] of [...head.children].entries()) {const on = th.dataset.key === sortKey;
+    th.classList.toggle("sorted", on); th.textContent = cols[i].label + (on ? (sortAsc ? " \u25B2" : " \u25BC") : "");}
   const body = document.getElementById("rows"); body.replaceChildren();
   for (const d of docs) {
     const tr = el("tr", "doc"); tr.dataset.id = d.id;
@@ -315,7 +381,8 @@ function render() {
     detail.appendChild(td);
     // built on first open: a test split of thousands of documents renders its table at once
     detail.open = () => {if (!td.firstChild) {const wrap = el("div", "cols"); wrap.appendChild(source(d));
-      wrap.appendChild(summaries(d)); td.appendChild(wrap);} detail.classList.toggle("hidden");};
+      wrap.appendChild(summaries(d)); td.appendChild(wrap);} detail.classList.toggle("hidden");
+      tr.toggleAttribute("data-open", !detail.classList.contains("hidden"));};
     tr.onclick = detail.open;
     body.appendChild(tr); body.appendChild(detail);
   }

@@ -1,5 +1,6 @@
-"""Evaluating extractive selections: sentence scores of each chunk joined per document, top-k selection (k
-and trigram blocking tuned on validation), scored next to Lead-3 and the oracle."""
+"""Evaluating extractive selections: sentence scores of each chunk joined per document, top-k selection (the
+model's own k and trigram blocking, tuned on validation when it was exported: `tune_selection`), scored next
+to Lead-3 and the oracle."""
 from __future__ import annotations
 
 import json
@@ -21,7 +22,7 @@ from hibert.finetune.evaluation.report import (
 from hibert.finetune.evaluation.rouge import Rouge
 from hibert.finetune.evaluation.skeleton import SummaryEvaluation
 from hibert.finetune.extractive.export import score_split
-from hibert.finetune.extractive.settings import ExtractiveSelection
+from hibert.finetune.extractive.settings import ExtractiveSelection, selection_note, selection_provenance
 from hibert.finetune.settings import EvalSettings
 from hibert.heads import EvalOutcome, HeadError
 from hibert.redact import redact_uri
@@ -65,8 +66,9 @@ def tune_selection(dataset, chunk_scores: dict[int, np.ndarray], ks=(1, 2, 3, 4,
 
 
 class ExtractiveEvaluation(SummaryEvaluation):
-    """An extractive export on a split: the top-k sentences in document order (k and trigram blocking tuned
-    on 'valid' unless `settings.no_tune`) next to Lead-3 and the oracle."""
+    """An extractive export on a split: the top-k sentences in document order, with the selection the model is
+    served with (its extractive.json, tuned on validation at export; `--k` evaluates another), next to Lead-3
+    and the oracle."""
 
     def view(self) -> list[Document]:
         cfg, settings, selection = self.cfg, self.settings, self.resolved
@@ -74,13 +76,8 @@ class ExtractiveEvaluation(SummaryEvaluation):
         if len(self.test) == 0:
             raise UserError(f"hibert evaluate: split {settings.split!r} of {cfg.data.dataset_dir} is empty")
         self.k, self.trigram_blocking = selection.top_k, selection.trigram_blocking
-        self.tuning = None
-        if not settings.no_tune:
-            valid = DocumentDataset(cfg.data.dataset_dir, "valid")
-            if len(valid):
-                self.tuning = tune_selection(valid, score_split(self.model, valid, self.device))
-                self.k, self.trigram_blocking = self.tuning["k"], self.tuning["trigram_blocking"]
-                log.info("tuned on valid: k=%d trigram_blocking=%s", self.k, self.trigram_blocking)
+        self.provenance = selection_provenance(self.export_dir)
+        self.note = selection_note(selection, self.provenance, given=bool(settings.flags))
         return documents(self.test)
 
     def predict(self, docs: list[Document]) -> list[list[str]]:
@@ -92,12 +89,13 @@ class ExtractiveEvaluation(SummaryEvaluation):
     def report_meta(self, compared_with: list[str]) -> dict[str, Any]:
         return {"task": "extractive", "model": redact_uri(self.ref), "encoder_init": self.meta.get("init"),
                 "dataset": str(self.cfg.data.dataset_dir), "split": self.settings.split, "k": self.k,
-                "trigram_blocking": self.trigram_blocking, "dataset_manifest": self.dataset_manifest(),
-                "finetune_run": self.meta.get("mlflow_run_id")}
+                "trigram_blocking": self.trigram_blocking, "selection_given": bool(self.settings.flags),
+                "dataset_manifest": self.dataset_manifest(), "finetune_run": self.meta.get("mlflow_run_id"),
+                "notes": [self.note]}
 
     def write_extras(self, out: Path) -> None:
-        if self.tuning:
-            (out / "tuning.json").write_text(json.dumps(self.tuning, indent=1))
+        if self.provenance:   # how the scored selection was chosen (the export's record of its tuning)
+            (out / "tuning.json").write_text(json.dumps(self.provenance, indent=1))
 
 
 def evaluate(cfg: Config, settings: EvalSettings, local: Path, ref: str, clusters: bool,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,8 +18,17 @@ from safetensors.torch import save_file
 from hibert.config import Config
 from hibert.config.model import ModelConfig
 from hibert.finetune.base.task import EncoderHead
-from hibert.finetune.extractive.evaluate import rouge_of_selection
-from hibert.finetune.extractive.export import sentence_scores
+from hibert.data_prep import DocumentDataset
+from hibert.errors import UserError
+from hibert.finetune.extractive.evaluate import rouge_of_selection, tune_selection
+from hibert.finetune.extractive.export import score_documents, sentence_scores
+from hibert.finetune.extractive.settings import (
+    SELECTION_FILE,
+    TUNING_FILE,
+    selection_note,
+    selection_provenance,
+    stored_selection,
+)
 from hibert.modeling import HibertExtractive, flops_per_batch, pack_documents
 from hibert.modeling.packing import PackedDocuments, TensorBundle
 from hibert.runtime.task import EvalContext, LoaderItem, Task
@@ -110,6 +120,40 @@ class ExtractiveTask(EncoderHead, Task):
     def write_export_extras(self, out_dir, full_state: dict[str, torch.Tensor]) -> None:
         head = {k[len("head."):]: v.contiguous() for k, v in full_state.items() if k.startswith("head.")}
         save_file(head, str(Path(out_dir) / "head.safetensors"))
+        selection, tuning = self.tuned_selection(full_state)
+        # the selection `hibert evaluate` scores, `hibert summarize` and the server use: one file, one system
+        (Path(out_dir) / SELECTION_FILE).write_text(json.dumps(selection))
+        (Path(out_dir) / TUNING_FILE).write_text(json.dumps(tuning, indent=1))
 
-        (Path(out_dir) / "extractive.json").write_text(json.dumps({
-            "top_k": self.cfg.objective.top_k, "trigram_blocking": self.cfg.objective.trigram_blocking}))
+    def registry_notes(self, out_dir) -> tuple[list[str], dict[str, str]]:
+        selection = stored_selection(Path(out_dir))
+        return ([selection_note(selection, selection_provenance(Path(out_dir)), given=False)],
+                {"top_k": str(selection.top_k), "trigram_blocking": str(selection.trigram_blocking).lower()})
+
+    def tuned_selection(self, full_state: dict[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(extractive.json, its provenance): k and trigram blocking tuned on the validation split with the
+        exported weights themselves (not one evaluation's: the export may average several), or the
+        configured ones when tuning is off or there is no validation split."""
+        obj = self.cfg.objective
+        configured = {"top_k": obj.top_k, "trigram_blocking": obj.trigram_blocking}
+        if not obj.tune_selection:
+            return configured, {"tuned": False, "reason": "objective.tune_selection=false", **configured}
+        valid = DocumentDataset(self.cfg.data.dataset_dir, "valid")
+        n = min(len(valid), obj.tune_documents)
+        if n == 0:
+            return configured, {"tuned": False, "reason": "no validation documents", **configured}
+        model = HibertExtractive(self.model_cfg)
+        model.load_state_dict({k: v.float() for k, v in full_state.items()})
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model.to(device).eval()
+        while n < len(valid) and valid.source_doc(n) == valid.source_doc(n - 1):
+            n += 1   # a document's chunks are consecutive: never tune on half a document
+        scores = score_documents(model, [valid[i] for i in range(n)], device)
+        try:
+            t = tune_selection(valid, dict(enumerate(scores)))
+        except UserError as e:   # validation documents without summaries: nothing to tune on
+            return configured, {"tuned": False, "reason": str(e), **configured}
+        return ({"top_k": t["k"], "trigram_blocking": t["trigram_blocking"]},
+                {"tuned": True, "split": "valid", "documents": n, "metric": "mean of ROUGE-1/2/L F1",
+                 "top_k": t["k"], "trigram_blocking": t["trigram_blocking"], "configured": configured,
+                 "grid": t["grid"]})

@@ -107,19 +107,26 @@ def check_flags(given: dict[str, Any]) -> None:
         check({own[f].field: v for f, v in given.items() if f in own}, None, None)
 
 
-def resolve_settings(head: HeadSpec, export_dir: Path, given: dict[str, Any]) -> Any:
-    """The head's inference settings for an export: its own stored settings (read once, no weights) with the
-    flags given on top (their bounds were checked by `check_flags`), checked against the head's rules for the
-    export. None for a head without settings. A flag of another head's settings (--beam for an extractive model)
-    is a SettingError: silently ignored, it would read as applied."""
-    inference = head.inference
-    own = flags_of(inference.settings) if inference is not None else {}
+def refuse_foreign(head: HeadSpec, given: dict[str, Any]) -> None:
+    """A flag of another head's settings (--beam for an extractive model) is a SettingError: silently ignored, it
+    would read as applied."""
+    own = flags_of(head.inference.settings) if head.inference is not None else {}
     foreign = sorted(set(given) - set(own))
     if foreign:
         takes = ", ".join(sorted(own)) or "none"
         article = "an" if head.name[:1] in "aeiou" else "a"
         raise SettingError(f"{', '.join(foreign)}: {'does' if len(foreign) == 1 else 'do'} not apply to {article} "
                            f"{head.name} model (its flags: {takes})")
+
+
+def resolve_settings(head: HeadSpec, export_dir: Path, given: dict[str, Any]) -> Any:
+    """The head's inference settings for an export: its own stored settings (read once, no weights) with the
+    flags given on top (their bounds were checked by `check_flags`), checked against the head's rules for the
+    export. None for a head without settings. A flag of another head's settings (--beam for an extractive model)
+    is a SettingError: silently ignored, it would read as applied."""
+    refuse_foreign(head, given)
+    inference = head.inference
+    own = flags_of(inference.settings) if inference is not None else {}
     if inference is None:
         return None
     fields = {own[flag].field: value for flag, value in given.items() if flag in own}
@@ -140,18 +147,23 @@ def served_params(head: HeadSpec, resolved: Any) -> dict[str, Any]:
 
 
 def params_to_flags(head: HeadSpec, params: dict[str, Any]) -> dict[str, Any]:
-    """A request's params -> the flags they stand for (`resolve_settings`' `given`); unknown params are a
-    SettingError naming what the model takes."""
-    own = {f.dest: f for f in flags_of(head.inference.settings).values()} if head.inference else {}
-    unknown = sorted(set(params) - set(own))
+    """A request's params -> the flags they stand for (`resolve_settings`' `given`, which refuses another head's
+    with the same message as the CLI). A served signature declares every head's params, another head's with
+    the default None (so that MLflow passes them on instead of dropping them with a warning in the server's
+    log): None is "not given". A param of no head is a SettingError naming what the model takes."""
+    every = {f.dest: f for f in all_flags().values()}
+    own = sorted(f.dest for f in flags_of(head.inference.settings).values()) if head.inference else []
+    given = {k: v for k, v in params.items() if v is not None}
+    unknown = sorted(set(given) - set(every))
     if unknown:
-        raise SettingError(f"unknown params {unknown}: this model takes {sorted(own)}")
-    return {own[k].flag: v for k, v in params.items() if v is not None}
+        raise SettingError(f"unknown params {unknown}: this model takes {own}")
+    return {every[k].flag: v for k, v in given.items()}
 
 
 def flags_as_params(message: str, head: HeadSpec) -> str:
-    """A SettingError's message with each flag named as its served param (--max-len -> params.max_len)."""
-    own = flags_of(head.inference.settings) if head.inference else {}
-    for flag in sorted(own, key=len, reverse=True):
-        message = message.replace(flag, f"params.{own[flag].dest}")
-    return message
+    """A SettingError's message with each flag named as its served param (--max-len -> params.max_len; "its
+    flags" -> "its params")."""
+    every = all_flags()
+    for flag in sorted(every, key=len, reverse=True):
+        message = message.replace(flag, f"params.{every[flag].dest}")
+    return message.replace("(its flags:", "(its params:")

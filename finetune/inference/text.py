@@ -34,12 +34,14 @@ class Summary:
     note: str = ""
     subwords: int | None = None   # abstractive: the summary's length in subwords ([SEP] counted, EOS not)
 
-    def record(self, clusters: bool) -> dict:
-        """What `hibert summarize --json` prints for it (also a corpus output line and a pyfunc output row)."""
+    def record(self, clusters: bool, model_note: str | None = None) -> dict:
+        """What `hibert summarize --json` prints for it (also a corpus output line and a pyfunc output row);
+        `model_note`: the model's own state ("cannot write yet"), ahead of this document's note."""
         rec: dict = {"id": self.doc_id, "summary": list(self.sentences)}
         if not clusters:
             rec["indices"] = [int(i) for i in self.indices]
-        rec.update({"num_sentences": int(self.num_sentences), "note": self.note})
+        note = "; ".join(n for n in (model_note, self.note) if n)
+        rec.update({"num_sentences": int(self.num_sentences), "note": note})
         if self.subwords is not None:
             rec["subwords"] = int(self.subwords)
         return rec

@@ -16,6 +16,7 @@ from hibert.config import Config
 from hibert.data_prep import DocumentDataset
 from hibert.errors import UserError
 from hibert.finetune.base.clusters import all_units_view, data_note, rank_order, tfidf_scores
+from hibert.finetune.evaluation.report import meta_lines, notes_lines
 from hibert.finetune.evaluation.rouge import bootstrap_ci, format_p, paired_bootstrap
 from hibert.finetune.evaluation.skeleton import Evaluation, ReportKind
 from hibert.finetune.ranker.export import score_clusters
@@ -59,7 +60,7 @@ class RankingReport(ReportKind):
         out.mkdir(parents=True, exist_ok=True)
         (out / "report.json").write_text(json.dumps({"meta": meta, **result}, indent=1))
         title = "# Unit ranking report" + (" (SYNTHETIC clusters)" if meta.get("clusters") == "synthetic" else "")
-        lines = [title, "", *[f"- {k}: {v}" for k, v in meta.items()], "",
+        lines = [title, "", *notes_lines(meta), *meta_lines(meta), "",
                  "| ranking | " + " | ".join(f"L'={c}" for c in CUTOFFS) + " |", "|---|" + "---|" * len(CUTOFFS)]
         for name, by_cut in result["recall"].items():
             lines.append(f"| {name} | " + " | ".join(f"{by_cut[str(c)]['mean']:.2f} [{by_cut[str(c)]['low']:.2f}, "

@@ -11,7 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from hibert.finetune.inference.flags import resolve_settings, served_params
+from hibert.finetune.inference.flags import all_flags, resolve_settings, served_params
 from hibert.heads import HeadSpec, head_of_export
 
 LOADER_MODULE = "hibert.finetune.serving.pyfunc"
@@ -43,8 +43,13 @@ def signature(head: HeadSpec, export_dir: Path):
         inputs = Schema([ColSpec("string", "text"), ColSpec("string", "id", required=False)])
     outputs = Schema([ColSpec("string", "id"), ColSpec(Array("string"), "summary"),
                       ColSpec("long", "num_sentences"), ColSpec("string", "note")])
-    params = ParamSchema([ParamSpec(name, _PARAM_TYPES[type(v)], v)
-                          for name, v in param_defaults(head, export_dir).items()])
+    own = param_defaults(head, export_dir)
+    # every head's params: the model's own with its defaults, another head's with None, so that MLflow hands
+    # them to predict (which refuses them in the body of a 400) instead of dropping them with a log warning
+    every = {f.dest: f.type for f in all_flags().values()}
+    params = ParamSchema([ParamSpec(name, _PARAM_TYPES[type(v)], v) for name, v in own.items()]
+                         + [ParamSpec(name, _PARAM_TYPES[t], None) for name, t in sorted(every.items())
+                            if name not in own])
     return ModelSignature(inputs=inputs, outputs=outputs, params=params)
 
 

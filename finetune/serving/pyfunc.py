@@ -29,6 +29,7 @@ from hibert.finetune.inference.flags import (
     check_flags,
     flags_as_params,
     params_to_flags,
+    refuse_foreign,
     resolve_settings,
 )
 from hibert.finetune.inference.fluency import fluency_note
@@ -44,8 +45,26 @@ log = logging.getLogger("hibert.serving")
 SERVING_MAX_BATCH = 16
 
 
+class ServingError(MlflowException):
+    """A request refused with our message. MLflow's scoring server prefixes a predict error's message with the
+    whole input ("Failed to predict data '<the DataFrame>'. Error: ...", mlflow/pyfunc/scoring_server); this
+    message keeps only what follows, so a 400's body says what was wrong and not a dump of the request."""
+    _PREFIX = "Failed to predict data '"
+
+    @property
+    def message(self) -> str:
+        return self._message
+
+    @message.setter
+    def message(self, value: str) -> None:
+        value = str(value)
+        if value.startswith(self._PREFIX) and "\nError: " in value:
+            value = value.rsplit("\nError: ", 1)[1]
+        self._message = value
+
+
 def _bad(message: str) -> MlflowException:
-    return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
+    return ServingError(message, error_code=INVALID_PARAMETER_VALUE)
 
 
 def _max_batch(value: Any) -> int:
@@ -86,9 +105,10 @@ class HibertPyfunc:
         self.settings = self._bounded(own, None) if own is not None else None
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.summarizer = self.head.summarizer(cfg, self.export_dir, device, self.settings, SummarizeSettings())
-        note = fluency_note(self.export_dir) if self.head.decodes else None
-        if note:
-            log.warning("%s", note)
+        # the model's own state ("cannot write yet"): in every answer's note, not only in the server's log
+        self.model_note = fluency_note(self.export_dir) if self.head.decodes else None
+        if self.model_note:
+            log.warning("%s", self.model_note)
 
     # ---------------------------------------------------------------------------------------------- input
     def _rows(self, model_input) -> list[tuple[str, Any]]:
@@ -133,6 +153,7 @@ class HibertPyfunc:
             return {}
         try:
             given = params_to_flags(self.head, dict(params or {}))
+            refuse_foreign(self.head, given)   # before the bounds: "does not apply" says more than "must be >= 1"
             check_flags(given)
             resolved = resolve_settings(self.head, self.export_dir, given) if given else self.settings
         except SettingError as e:
@@ -158,7 +179,7 @@ class HibertPyfunc:
             summaries = self.summarizer.summarize_all(rows, **overrides) if rows else []
         except InputError as e:
             raise _bad(str(e)) from None
-        out = [s.record(self.clusters) for s in summaries]   # the rows `hibert summarize --json` prints
+        out = [s.record(self.clusters, self.model_note) for s in summaries]   # what `hibert summarize --json` prints
         return pd.DataFrame(out, columns=["id", "summary", "num_sentences", "note"] if not out else None)
 
 

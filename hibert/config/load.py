@@ -40,15 +40,72 @@ def configs_root() -> Path:
     return Path(str(files("hibert.configs")))
 
 
+# What a recipe's aliases may expand to: a recipe is a few hundred values; a "billion laughs" (aliases of
+# aliases, nine deep) is hundreds of millions, which every pass over the config (interpolation) would walk.
+MAX_YAML_VALUES = 100_000
+
+
+class YamlBoundsError(yaml.YAMLError):
+    """YAML whose aliases refer to the node holding them or expand beyond MAX_YAML_VALUES."""
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def check_expansion(root: yaml.Node) -> None:
+    """Count the values `root` expands to, an aliased node once per use (iterative: no recursion limit to hit);
+    refuse a cycle (`a: &a [*a]`) and an expansion beyond MAX_YAML_VALUES."""
+    size: dict[int, int] = {}
+    open_: set[int] = set()      # nodes whose children are still being counted: reaching one again is a cycle
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, counted = stack.pop()
+        key = id(node)
+        if counted:
+            open_.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in _children(node))
+            if size[key] > MAX_YAML_VALUES:
+                raise YamlBoundsError(f"its aliases expand to more than {MAX_YAML_VALUES:,} values (an alias bomb?)")
+        elif key in open_:
+            raise YamlBoundsError("an alias refers to the node that holds it (a recursive structure)")
+        elif key not in size:
+            open_.add(key)
+            stack.append((node, True))
+            stack.extend((c, False) for c in _children(node))
+
+
+class BoundedLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that checks each document's alias expansion before building it (`check_expansion`)."""
+
+    def compose_document(self) -> yaml.Node | None:
+        node = super().compose_document()
+        if node is not None:
+            check_expansion(node)
+        return node
+
+
+def safe_load(text: str) -> Any:
+    """yaml.safe_load, bounded: raises YamlBoundsError (a yaml.YAMLError) for recursive or exploding aliases
+    and RecursionError for nesting deeper than Python's recursion limit."""
+    return yaml.load(text, Loader=BoundedLoader)   # a SafeLoader subclass: safe
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except IsADirectoryError:
         raise ConfigError(f"{path} is a directory: name a recipe file (configs/recipes/*.yaml) or a recipe name") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot read it as a YAML recipe ({str(e)[:200]})") from None
+    except YamlBoundsError as e:
+        raise ConfigError(f"{path}: refused: {e}; write the values out") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: refused: nested too deeply to be a recipe") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML: {e}") from None
     if data is None:
@@ -93,7 +150,9 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {item!r}: empty key")
     try:
-        parsed = yaml.safe_load(value) if value.strip() else None
+        parsed = safe_load(value) if value.strip() else None
+    except (YamlBoundsError, RecursionError) as e:
+        raise ConfigError(f"override {key!r}: refused: {e or 'nested too deeply'}") from None
     except yaml.YAMLError:
         parsed = value
     if isinstance(parsed, str):  # YAML 1.1 reads "1e-4" as a string; numbers are nicer
@@ -248,6 +307,10 @@ def save_resolved(cfg: Config, out_dir: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     target = out / RESOLVED_NAME
     tmp = target.with_suffix(".tmp")
-    tmp.write_text(dump_yaml(cfg), encoding="utf-8")
+    tmp.unlink(missing_ok=True)
+    # owner-only: it keeps the real tracking URI (credentials included), since a resume reruns it
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(dump_yaml(cfg))
     tmp.replace(target)
     return target

@@ -31,6 +31,10 @@ class MDSConfig(Section):
     # (q/k shared across heads, no W_c, LayerNorm or W_v), what exports without this field were trained with
     global_layer: Literal["liu_lapata", "v0"] = "liu_lapata"
     rank_embedding: bool = True                         # sinusoidal embedding of each unit's rank
+    # concat: Liu & Lapata eq. 9 [e_rank; e_pos], half-width sinusoids of the unit's rank and of the token's
+    # position within its unit; full: a full-width rank sinusoid alone (what exports without this field used).
+    # Either is added before the global layers (the pretrained local layers keep HIBERT's own positions)
+    rank_embedding_form: Literal["concat", "full"] = "concat"
     max_units: int = Field(64, ge=1, le=4096)           # units per cluster the summarizer reads
     graph_attention: bool = False                       # one global head = the row-normalised unit graph
     graph_threshold: float = Field(0.2, ge=0.0, le=1.0)  # tf-idf cosine edges below this are dropped
@@ -42,6 +46,13 @@ class MDSConfig(Section):
     structural_split: bool = True     # eq. 1: a structural half scores the tree, a semantic half is aggregated
     structural_root: bool = True      # the root term a^r_i e_root in each unit's parent context
     structural_decoder: bool = True   # the decoder's structural context c_struct feeds P_vocab and p_gen
+    # its attention over the units: additive v^T tanh(W_g g + W_s s + b), one head (Chowdhury et al. §2.3);
+    # dot: scaled dot-product, multi-head (what exports without this field used)
+    structural_decoder_attention: Literal["additive", "dot"] = "additive"
+    # the unit vector PHT's static Phi and the structural context's values read: attention_pooling = Ma & Zong
+    # eq. 2-5 (multi-head attention pooling of the unit's tokens + FFN); mean = the mean of its tokens (what
+    # exports without this field used). Built only where something reads it (pht, structural_decoder)
+    unit_vector: Literal["attention_pooling", "mean"] = "attention_pooling"
     # unit vector: title = Liu & Lapata eq. 1-6 (unit tokens matched against the max-pooled title, or the cluster
     # centroid without one); mean / attention = its own sentence states pooled (no title)
     ranker_pool: Literal["title", "mean", "attention"] = "title"
@@ -66,7 +77,8 @@ class MDSConfig(Section):
     # what an export written before a setting existed was trained with, for each setting added since
     LEGACY: ClassVar[dict] = {"global_layer": "v0", "graph_weighting": "sublinear", "structural_split": False,
               "structural_root": False, "structural_decoder": False, "title_unit": False,
-              "ranker_pool": "attention"}
+              "ranker_pool": "attention", "rank_embedding_form": "full", "structural_decoder_attention": "dot",
+              "unit_vector": "mean"}
 
     @classmethod
     def from_export(cls, stored: dict) -> "MDSConfig":

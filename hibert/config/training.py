@@ -20,6 +20,10 @@ class ObjectiveConfig(Section):
     # extractive finetuning (HIBERT §3.3)
     top_k: int = Field(3, ge=1)
     trigram_blocking: bool = False
+    # at export, k (1-5) and trigram blocking are tuned on the validation split with the exported weights and
+    # written to the export's extractive.json: the one selection evaluated, summarized and served
+    tune_selection: bool = True
+    tune_documents: int = Field(2000, ge=1)   # the first N validation documents (ROUGE is scored 10 times)
 
     @field_validator("kind", mode="before")
     @classmethod

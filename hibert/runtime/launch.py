@@ -6,6 +6,7 @@ The launching process imports no torch (nor the heads, nor MLflow): the ranks st
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -13,11 +14,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hibert.config import Config, save_resolved
 from hibert.errors import UserError
-from hibert.registry import check_reachable, tracking_uri
+from hibert.redact import redact_uri
+from hibert.registry import check_reachable, client, parse_models_ref, sqlite_path, tracking_uri
 from hibert.runtime.dist_env import REQUEUE_EXIT_CODE, TRACKING_PENDING_EXIT_CODE
 
 
@@ -40,14 +43,36 @@ def _how(code: int) -> str:
         return f"killed by signal {-code}"
 
 
+def _die_with_launcher() -> Callable[[], None] | None:
+    """For a rank: SIGKILL when the launcher dies, even by SIGKILL (Linux PR_SET_PDEATHSIG): ranks left without
+    it would train on, export and register a job its user killed. It is a kill -9 of the job, which the next run
+    resumes from the newest complete checkpoint. libc is loaded here: the child only calls it (fork to exec)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    launcher = os.getpid()
+
+    def arm() -> None:
+        libc.prctl(1, signal.SIGKILL)   # 1: PR_SET_PDEATHSIG
+        if os.getppid() != launcher:    # the launcher died before the line above
+            os._exit(1)
+
+    return arm
+
+
 def launch_local(nproc: int, argv: list[str]) -> int:
     port = str(free_port())
     procs: list[subprocess.Popen] = []
+    tied = _die_with_launcher()
     for rank in range(nproc):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
                    LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-        procs.append(subprocess.Popen([sys.executable, *argv], env=env))
+        # the launcher runs no threads: preexec_fn is safe here
+        procs.append(subprocess.Popen([sys.executable, *argv], env=env, preexec_fn=tied))  # noqa: PLW1509
 
     def forward(signum, _frame):
         for p in procs:
@@ -85,10 +110,42 @@ def launch_local(nproc: int, argv: list[str]) -> int:
     return next((c for c in (REQUEUE_EXIT_CODE, TRACKING_PENDING_EXIT_CODE) if c in codes.values()), 0)
 
 
+def check_init_reference(ref: str | None, uri: str) -> None:
+    """`run.init` names a directory or a registered version in `uri`, or one `UserError` line naming it and the
+    store. Checked by the launcher, before any rank starts and before anything is created: otherwise rank 0 fails
+    on it while its peers wait for its broadcast. Looks only (resolve_model downloads, rank 0 does that)."""
+    if not ref:
+        return
+    if not ref.startswith("models:/"):
+        if not Path(ref).is_dir():
+            raise UserError(f"run.init={ref}: neither a models:/ reference nor a directory")
+        return
+    parsed = parse_models_ref(ref)
+    if parsed is None or (parsed[2] is not None and not parsed[2].isdigit()):
+        raise UserError(f"model reference {ref!r}: write models:/<name>@<alias> or models:/<name>/<version number> "
+                        "(e.g. models:/hibert-encoder@in-domain)")
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():  # not created by looking
+        raise UserError(f"model reference {ref!r}: there is no registry at {db} (nothing was trained there); "
+                        "name the store (tracking.uri=..., run.output_dir=...) or pass an export directory")
+    from mlflow.exceptions import MlflowException  # lazy: ~1 s, paid only for a models:/ run.init
+
+    name, alias, version = parsed
+    try:
+        c = client(uri)
+        c.get_model_version_by_alias(name, alias) if alias else c.get_model_version(name, version)
+    except MlflowException as e:
+        reason = redact_uri(str(e.message).splitlines()[0])[:300]
+        raise UserError(f"model reference {ref!r} does not resolve in {redact_uri(uri)}: {reason} "
+                        "(hibert registry list shows what is there)") from None
+
+
 def relaunch(cfg: Config, command: str, nproc: int) -> int:
     """Re-run this command on `nproc` local ranks with the resolved config as the recipe."""
     try:  # before any rank starts
-        check_reachable(tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False))
+        uri = tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False)
+        check_reachable(uri)
+        check_init_reference(cfg.run.init, uri)
     except UserError as e:
         print(f"hibert {command}: {e}", file=sys.stderr)
         return 1

@@ -127,17 +127,33 @@ def _write(out: Path, encoder: dict[str, torch.Tensor], task: Task, full: dict[s
         raise
 
 
+def version_description(cfg: Config, task: Task, meta: dict[str, Any], notes: list[str]) -> str:
+    """The registered version's description (Markdown, shown on its MLflow page): what it is, what it was
+    trained on, what it scored, and what a user must know first."""
+    scored = ", ".join(f"{k} {v:.4g}" for k, v in sorted((meta.get("metrics") or {}).items())
+                       if isinstance(v, (int, float)))
+    lines = [*(f"**Note:** {n}" for n in notes),
+             f"{task.name} model, stage `{cfg.run.stage}`, run `{cfg.run.name}` (MLflow run {meta['mlflow_run_id']}).",
+             f"Trained {meta['step']} optimizer steps on `{redact_uri(str(cfg.data.dataset_dir))}` (manifest "
+             f"{meta['dataset_manifest'][:12]}), from {meta['init'] or 'random init'}; commit {meta['git_commit']}.",
+             f"Exported weights: steps {meta['selected_steps']} selected by {meta['selection_metric']}"
+             + (f"; validation: {scored}." if scored else ".")]
+    return "\n\n".join(lines)
+
+
 def _register(cfg: Config, task: Task, step: int, out: Path, meta: dict[str, Any], tracker: Tracker,
               world_size: int) -> str | None:
     """The export as the run's MLflow artifacts and a registered version (registry.json says which)."""
     tracker.artifacts(out, "export")
     version, pending = None, False
     if cfg.tracking.register_model and tracker.run_id:
+        notes, note_tags = task.registry_notes(out)
         version = tracker.register(
             "export", task.registry_name(cfg), task.registry_alias(cfg),
-            tags={"stage": cfg.run.stage, "dataset_manifest": meta["dataset_manifest"],
-                  "git_commit": meta["git_commit"], "world_size": str(world_size), "step": str(step)},
-            also=cfg.tracking.also_aliases, registry_json=out / "registry.json")
+            tags={"stage": cfg.run.stage, "task": task.name, "dataset_manifest": meta["dataset_manifest"],
+                  "git_commit": meta["git_commit"], "world_size": str(world_size), "step": str(step), **note_tags},
+            also=cfg.tracking.also_aliases, registry_json=out / "registry.json",
+            description=version_description(cfg, task, meta, notes))
         pending = version is None  # waits in the run's outbox (tracking server away)
     (out / "registry.json").write_text(json.dumps({"version": version, "uri": redact_uri(tracker.uri),
                                                    **({"pending": True} if pending else {})}))

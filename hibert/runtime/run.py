@@ -72,12 +72,17 @@ def load_init(cfg: Config, rank: int = 0) -> InitModel | None:
         return None
 
 
-    box = [None]
+    box: list[Any] = [None]
     if rank == 0:
-        box = [str(resolve_model(cfg.run.init, tracking_uri(cfg.tracking.uri, cfg.run.output_dir),
-                                 cfg.run_dir / "init"))]
+        try:
+            box = [str(resolve_model(cfg.run.init, tracking_uri(cfg.tracking.uri, cfg.run.output_dir),
+                                     cfg.run_dir / "init"))]
+        except (UserError, FileNotFoundError) as e:  # sent to the peers too: they would die in the broadcast
+            box = [UserError(str(e))]
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], UserError):
+        raise box[0]
     local = Path(box[0])
     return InitModel(*read_export(local), local)
 

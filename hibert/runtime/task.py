@@ -126,6 +126,12 @@ class Task(ABC):
         """Files that describe the finished export to other tools (a finetuned head's MLflow pyfunc
         `MLmodel`), written after every weight and settings file is in place."""
 
+    def registry_notes(self, out_dir) -> tuple[list[str], dict[str, str]]:
+        """(sentences, tags) the registered version carries about the finished export beyond its provenance:
+        what a user of the model must know (a decoder that cannot write yet, the selection it is served with).
+        In the version's description and tags."""
+        return [], {}
+
     def init_from(self, model: torch.nn.Module, init: InitModel | None) -> None:
         """Start the model `build_model` just made from `run.init` (None: a random start). The runtime calls it
         once, right after `build_model`, for every task. Default: the export's encoder weights into `model.encoder`;

@@ -170,11 +170,11 @@ class Tracker:
         self._call({"op": "artifacts", "dir": str(Path(local_dir).resolve()), "path": artifact_path})
 
     def register(self, artifact_path: str, name: str, alias: str | None, tags: dict[str, str],
-                 also: list[str], registry_json: Path) -> str | None:
+                 also: list[str], registry_json: Path, description: str | None = None) -> str | None:
         """The version number, or None when the registration waits in the outbox (`registry.json` says
         `pending` until it is sent)."""
         op = {"op": "register", "path": artifact_path, "name": name, "alias": alias, "tags": tags,
-              "also": list(also), "registry_json": str(Path(registry_json).resolve())}
+              "also": list(also), "registry_json": str(Path(registry_json).resolve()), "description": description}
         return self._call(op)
 
     def end(self, status: str = "FINISHED") -> None:
@@ -265,7 +265,7 @@ def send(uri: str, ops: list[dict[str, Any]]) -> Any:
         return None
     if kind == "register":
         version = register_artifact_dir(uri, run_id, op["path"], op["name"], op["alias"], tags=op["tags"],
-                                        also=op["also"], once=True)
+                                        also=op["also"], once=True, description=op.get("description"))
         registry_json = Path(op["registry_json"])
         if registry_json.parent.is_dir():  # the export says which version it became
             registry_json.write_text(json.dumps({"version": version, "uri": redact_uri(uri)}))
@@ -308,10 +308,14 @@ def _send_evaluation(uri: str, op: dict[str, Any]) -> str:
     c = client(uri)
     eid = experiment_id(uri, op["experiment"])
     found = c.search_runs([eid], filter_string=f"tags.hibert_outbox_id = '{op['id']}'", max_results=1)
+    tags = dict(op["tags"])
+    parent = tags.get("finetune_run")
+    if parent and _run_in(c, parent, eid):   # nested under the run it evaluates, where that run is in this experiment
+        tags["mlflow.parentRunId"] = parent
     run_id = found[0].info.run_id if found else c.create_run(eid, run_name=op["run_name"]).info.run_id
     c.log_batch(run_id, metrics=[Metric(k, float(v), op["timestamp"], 0) for k, v in op["metrics"].items()],
                 params=[Param(k, str(v)) for k, v in op["params"].items()],
-                tags=[RunTag(k, str(v)) for k, v in {**op["tags"], "hibert_outbox_id": op["id"]}.items()])
+                tags=[RunTag(k, str(v)) for k, v in {**tags, "hibert_outbox_id": op["id"]}.items()])
     c.log_artifacts(run_id, op["dir"], artifact_path="report")
     table_file = "report/per_document.json"
     # per-document ROUGE per system: comparable across runs in the MLflow UI. log_table appends to an existing
@@ -322,3 +326,10 @@ def _send_evaluation(uri: str, op: dict[str, Any]) -> str:
     if op["table"]:
         Path(op["table"]).unlink(missing_ok=True)
     return run_id
+
+
+def _run_in(c: Any, run_id: str, experiment: str) -> bool:
+    try:
+        return c.get_run(run_id).info.experiment_id == experiment
+    except Exception:  # noqa: BLE001 - not in this store (MLflow raises its own kinds)
+        return False

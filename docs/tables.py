@@ -1,0 +1,270 @@
+"""Render the generated tables of README.md and docs/*.md from committed results files.
+
+A generated table sits between two markers; everything between them is this script's:
+
+    <!-- table: docs/results/pretrain-gain-cnndm.json rouge-seeds -->
+    ...
+    <!-- /table -->
+
+The first word names the results file (relative to the repository; several joined by "+" for a benchmark view
+that reads more than one), the second the view. The block's first line under the table says the commit and the
+command that made the numbers, as the file records them.
+
+    python docs/tables.py            rewrite every block in place
+    python docs/tables.py --check    exit 1 with a diff when a block differs from what this script renders
+
+Views of `hibert compare --results` files (schema hibert-results/1, docs/results/README.md):
+  rouge-seeds   systems x metrics: mean [95% CI] ± sd of the per-seed means (the per-seed means)
+  paired        each system against the reference: difference [95% CI] p, and what the interval allows one to
+                say ("no measurable difference" where it crosses 0, else "higher" / "lower")
+Views of benchmark JSON (benchmarks/results/*.json): the names in BENCH_VIEWS, each a list of rows (a path into
+the file) and columns (a key under the row and its format), rendered by one generic renderer.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hibert.finetune.evaluation.rouge import format_p, verdict
+from hibert.finetune.results_file import SCHEMA
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = ("README.md", "docs/*.md")
+BLOCK = re.compile(r"(?P<open><!-- table: (?P<source>\S+) (?P<view>\S+) -->\n)(?P<body>.*?)(?P<close><!-- /table -->)",
+                   re.DOTALL)
+METRIC_NAMES = {"rouge1_f": "R1", "rouge2_f": "R2", "rougeL_f": "RL", "rougeLsum_f": "RLsum"}
+
+
+class TableError(Exception):
+    """A block that cannot be rendered: a missing file, an unknown view, a file of another schema."""
+
+
+def short(commit: str | None) -> str:
+    return commit[:7] if commit and commit != "unknown" else "an unrecorded commit"
+
+
+def metric_name(metric: str) -> str:
+    return METRIC_NAMES.get(metric) or (f"L'={metric.split('@', 1)[1]}" if metric.startswith("recall@") else metric)
+
+
+def signed(x: float) -> str:
+    return f"{x:+.2f}".replace("-", "−")
+
+
+def count(n: int) -> str:
+    return f"{n:,}"
+
+
+def table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+# ------------------------------------------------------------------ hibert compare --results files
+
+def made_line(results: dict[str, Any], source: str) -> str:
+    """Which commit's models and which command made the numbers; when, and from which code and tree."""
+    made = results["made"]
+    commit = results.get("model_commit")
+    models = (f"commit {short(commit)}" if commit else
+              "several commits (" + ", ".join(short(c) for c in results["model_commits"]) + ")")
+    tree = {True: "a clean tree", False: "uncommitted changes", None: "its tree unknown"}[made.get("clean")]
+    where = f" in `{made['cwd']}`" if made.get("cwd") not in (None, ".") else ""
+    return (f"Made at {models} by `{made['command']}`{where} ({made['date']}; the code at {short(made['commit'])}, "
+            f"{tree}; {source}).")
+
+
+def seed_list(system: dict[str, Any]) -> str:
+    seeds = [r.get("seed") for r in system["runs"]]
+    return "/".join(map(str, seeds)) if all(s is not None for s in seeds) else str(system["seeds"])
+
+
+def rouge_seeds(results: dict[str, Any]) -> tuple[list[str], list[str]]:
+    metrics = results["metrics"]
+    rows = []
+    for name, system in results["systems"].items():
+        cells = []
+        for m in metrics:
+            sc = system["scores"][m]
+            cell = f"{sc['mean']:.2f} [{sc['low']:.2f}, {sc['high']:.2f}]"
+            if sc.get("seed_sd") is not None:
+                cell += f" ± {sc['seed_sd']:.2f} (" + " / ".join(f"{x:.2f}" for x in sc["seed_means"]) + ")"
+            cells.append(cell)
+        rows.append([name, count(system["documents"]), seed_list(system), *cells])
+    unit = "clusters" if results.get("kind") == "unit rankings" else "documents"
+    return table(["system", unit, "seeds", *map(metric_name, metrics)], rows), [
+        (f"Mean over seeds and {unit} [95% CI over {unit}] ± sd of the per-seed means (the per-seed means, in the "
+         "order of the seeds column).")]
+
+
+def paired(results: dict[str, Any]) -> tuple[list[str], list[str]]:
+    metrics = results["metrics"]
+    rows = []
+    for pair in results["paired"].values():
+        cells = [f"{signed(pair[m]['diff'])} [{signed(pair[m]['low'])}, {signed(pair[m]['high'])}] "
+                 + format_p(pair[m]["p_value"], pair[m]["resamples"]) for m in metrics]
+        first = pair[metrics[0]]
+        rows.append([f"{pair['system']} − {pair['reference']}", count(pair["documents"]),
+                     "/".join(map(str, pair["seeds"])), *cells, verdict(first["low"], first["high"])])
+    unit = "clusters" if results.get("kind") == "unit rankings" else "documents"
+    return table(["pair", unit, "seeds", *map(metric_name, metrics), f"{metric_name(metrics[0])} reads"], rows), [
+        (f"Paired bootstrap over {unit} and seeds: difference, 95% CI, two-sided p; an interval that crosses 0 "
+         "reads \"no measurable difference\".")]
+
+
+# a view: (the table's lines, the notes under the line saying what made it)
+RESULT_VIEWS: dict[str, Callable[[dict[str, Any]], tuple[list[str], list[str]]]] = {
+    "rouge-seeds": rouge_seeds, "paired": paired}
+
+
+# ------------------------------------------------------------------ benchmark JSON
+
+def millions(x: float) -> str:
+    return f"{x / 1e6:.3g}M"
+
+
+@dataclass(frozen=True)
+class BenchView:
+    """A table of benchmark JSON: `rows` are (label, file index, dotted path to the row's object), `columns`
+    (header, dotted key under the row's object, format); `command` the script and the `args` keys it shows."""
+    corner: str
+    rows: tuple[tuple[str, int, str], ...]
+    columns: tuple[tuple[str, str, Callable[[Any], str]], ...]
+    script: str = ""
+    command: tuple[str, ...] = ()
+
+    def render(self, files: list[dict[str, Any]]) -> list[str]:
+        return table([self.corner, *(c[0] for c in self.columns)],
+                     [[label, *(fmt(lookup(lookup(files[i], path), key)) for _, key, fmt in self.columns)]
+                      for label, i, path in self.rows])
+
+    def command_line(self, data: dict[str, Any]) -> str | None:
+        if isinstance(data.get("command"), str):
+            return data["command"]
+        args = data.get("args")
+        if not self.script or not isinstance(args, dict):
+            return None
+        argv = ["python", self.script]
+        for key in self.command:
+            value = str(args.get(key))
+            if value in ("False", "None", ""):
+                continue
+            argv += [f"--{key.replace('_', '-')}"] + ([] if value == "True" else [value])
+        return " ".join(argv)
+
+
+def lookup(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        obj = obj[int(part)] if isinstance(obj, list) else obj[part]
+    return obj
+
+
+BENCH_VIEWS: dict[str, BenchView] = {
+    "scale-prep": BenchView(
+        corner="corpus",
+        rows=tuple((size.replace("MB", " MB").replace("GB", " GB"), 0, f"sizes.{size}.prep.0")
+                   for size in ("10MB", "100MB", "1GB")),
+        columns=(("words", "words", millions), ("shards", "shards", str),
+                 ("words/s/core", "words_per_s_per_core", lambda x: f"{x:,.0f}"),
+                 ("peak RSS (largest process)", "peak_rss_mb", lambda x: f"{x:.0f} MB"),
+                 ("merge alone", "merge_s", lambda x: f"{x:.1f} s"),
+                 ("bytes/token on disk", "bytes_per_token", lambda x: f"{x:.2f}"))),
+    "scale-loader": BenchView(
+        corner="shards",
+        rows=tuple((f"{int(n):,}", 0, f"loader.{n}") for n in ("10", "1000", "10000")),
+        columns=(("chunks", "chunks", count), ("open", "open_s", lambda x: f"{x:.3f} s"),
+                 ("plan", "plan_s", lambda x: f"{x:.3f} s"), ("first batch", "first_batch_s", lambda x: f"{x:.3f} s"),
+                 ("resume (middle batch)", "resume_batch_s", lambda x: f"{x:.3f} s"),
+                 ("merge", "prep.merge_s", lambda x: f"{x:.1f} s"), ("RSS", "rss_mb", lambda x: f"{x:.0f} MB"))),
+}
+
+
+def bench_made_line(view: BenchView, files: list[dict[str, Any]], source: str) -> str:
+    """The commit and command each file records (`machine.commit`, `args` or `command`), or that it records none."""
+    parts = []
+    for name, data in zip(source.split("+"), files):
+        machine = data.get("machine") if isinstance(data.get("machine"), dict) else {}
+        command = view.command_line(data)
+        if machine.get("commit") and command:
+            dirty = " (with uncommitted changes)" if machine.get("tracked_changes") else ""
+            parts.append(f"Made at commit {short(machine['commit'])}{dirty} by `{command}` ({name}).")
+        else:
+            missing = " and ".join(w for w, v in (("the commit", machine.get("commit")), ("the command", command))
+                                   if not v)
+            parts.append(f"Generated from {name}, which does not record {missing} that made it (the text names "
+                         f"{'them' if ' and ' in missing else 'it'}).")
+    return " ".join(parts)
+
+
+# ------------------------------------------------------------------ pages
+
+def load(root: Path, name: str) -> dict[str, Any]:
+    path = root / name
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise TableError(f"{name}: cannot read it ({e.strerror})") from None
+    except ValueError as e:
+        raise TableError(f"{name}: not JSON ({e})") from None
+
+
+def render_block(root: Path, source: str, view: str) -> str:
+    """What goes between the markers: the table, a blank line, the line saying what made it (then any notes)."""
+    files = [load(root, name) for name in source.split("+")]
+    if view in RESULT_VIEWS:
+        if len(files) != 1 or files[0].get("schema") != SCHEMA:
+            raise TableError(f"{source}: view {view!r} reads one {SCHEMA} file (`hibert compare --results`)")
+        body, notes = RESULT_VIEWS[view](files[0])
+        return "\n".join([*body, "", made_line(files[0], source), *notes]) + "\n"
+    if view in BENCH_VIEWS:
+        try:
+            body = BENCH_VIEWS[view].render(files)
+        except (KeyError, IndexError, TypeError) as e:
+            raise TableError(f"{source}: view {view!r} finds no {e} there") from None
+        return "\n".join([*body, "", bench_made_line(BENCH_VIEWS[view], files, source)]) + "\n"
+    raise TableError(f"{source}: no view {view!r} (views: {', '.join([*RESULT_VIEWS, *BENCH_VIEWS])})")
+
+
+def render_page(text: str, root: Path) -> str:
+    return BLOCK.sub(lambda m: m["open"] + render_block(root, m["source"], m["view"]) + m["close"], text)
+
+
+def pages(root: Path) -> list[Path]:
+    return [p for pattern in PAGES for p in sorted(root.glob(pattern))]
+
+
+def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 with a diff where a table differs")
+    args = parser.parse_args(argv)
+    differ = False
+    for page in pages(root):
+        text = page.read_text(encoding="utf-8")
+        try:
+            new = render_page(text, root)
+        except TableError as e:
+            print(f"{page.relative_to(root)}: {e}", file=sys.stderr)
+            return 2
+        if new == text:
+            continue
+        name = str(page.relative_to(root))
+        if args.check:
+            differ = True
+            sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True), name,
+                                                       f"{name} (rendered)"))
+        else:
+            page.write_text(new, encoding="utf-8")
+            print(f"rewrote {name}")
+    if differ:
+        print("\ntables differ from their results files: run `python docs/tables.py`", file=sys.stderr)
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""`hibert compare --results FILE`: one comparison as data (schema "hibert-results/1"), so that the docs' tables
+are rendered from it (docs/tables.py) instead of typed by hand.
+
+The file holds what the table shows (per system: per-seed means, mean ± sd, the bootstrap CI; the paired
+differences with CI, p and what they allow one to say), what it takes to rerun the paired tests without the
+reports (document ids and per-document scores, one array per seed, rounded to 4 decimals: kilobytes), and where
+it comes from: each seed's run directory, report and the commit its model was trained at (export.json's
+git_commit), the commit of the code that wrote the file, whether that tree was clean, the command line and the
+UTC date. A table names one commit, so reports of models made at different commits are refused unless asked.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hibert.errors import UserError
+
+SCHEMA = "hibert-results/1"
+UNKNOWN = "unknown"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def model_commit(report_path: Path, run_dir: Path) -> str:
+    """The commit the reported model was trained at: the report's own `meta.git_commit` where it has one, else
+    the export it names (`meta.model`, a local export directory), else the run's own export when it is the
+    evaluated one (its MLflow run is the report's `finetune_run`, or the report names none)."""
+    meta = (_read_json(report_path) or {}).get("meta") or {}
+    if meta.get("git_commit"):
+        return str(meta["git_commit"])
+    model = str(meta.get("model") or "")
+    if model and ":/" not in model:   # models:/name@alias or a URI: its export.json is in the artifact store
+        named = _read_json(Path(model) / "export.json")
+        if named is not None:
+            return str(named.get("git_commit") or UNKNOWN)
+    own = _read_json(run_dir / "export" / "export.json")
+    if own is not None and (not meta.get("finetune_run") or own.get("mlflow_run_id") == meta["finetune_run"]):
+        return str(own.get("git_commit") or UNKNOWN)
+    return UNKNOWN
+
+
+def run_seed(run_dir: Path) -> int | None:
+    """`run.seed` of the run's resolved config (None where the run directory has none)."""
+    try:
+        cfg = yaml.safe_load((run_dir / "config.resolved.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    seed = (cfg or {}).get("run", {}).get("seed") if isinstance(cfg, dict) else None
+    return seed if isinstance(seed, int) else None
+
+
+def model_commits(sources: dict[str, list[dict[str, Any]]]) -> None:
+    """Add each seed's `model_commit` and `seed` to `sources` (as `group_seeds` filled it)."""
+    for runs in sources.values():
+        for run in runs:
+            run["model_commit"] = model_commit(Path(run["report"]), Path(run["run_dir"]))
+            run["seed"] = run_seed(Path(run["run_dir"]))
+
+
+def check_one_commit(sources: dict[str, list[dict[str, Any]]], allow_mixed: bool) -> None:
+    by_commit = _by_commit(sources)
+    if len(by_commit) > 1 and not allow_mixed:
+        listed = "; ".join(f"{commit}: {', '.join(runs)}" for commit, runs in by_commit.items())
+        raise UserError(f"hibert compare --results: the reports' models were made at {len(by_commit)} different "
+                        f"commits ({listed}); a table names one commit: rerun them at one, or pass "
+                        "--allow-mixed-commits to write the file anyway (it lists the commits)")
+
+
+def _by_commit(sources: dict[str, list[dict[str, Any]]]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for runs in sources.values():
+        for run in runs:
+            where = _rel(run["run_dir"])
+            if where not in out.setdefault(run["model_commit"], []):
+                out[run["model_commit"]].append(where)
+    return out
+
+
+def _rel(path: Path | str) -> str:
+    """A path as the reader reruns it: relative to where the command ran."""
+    return os.path.relpath(path)
+
+
+def code_revision() -> dict[str, Any]:
+    """The commit of the code writing the file and whether its tree was clean (`git status --porcelain`;
+    results files already under docs/results are outputs, not source changes)."""
+    def git(*argv: str) -> subprocess.CompletedProcess | None:
+        try:
+            return subprocess.run(["git", *argv], check=False, cwd=REPO, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    head = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--", ".", ":(exclude)docs/results")
+    if head is None or head.returncode != 0 or status is None or status.returncode != 0:
+        return {"commit": UNKNOWN, "clean": None}
+    return {"commit": head.stdout.strip(), "clean": not status.stdout.strip()}
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command as it ran (its defaults left out; --json, which changes no number, too)."""
+    argv = ["hibert", "compare", *args.reports]
+    if args.split != "test":
+        argv += ["--split", args.split]
+    if args.bootstrap != 1000:
+        argv += ["--bootstrap", str(args.bootstrap)]
+    argv += ["--results", args.results] + (["--allow-mixed-commits"] if args.allow_mixed_commits else [])
+    return shlex.join(argv)
+
+
+def results_payload(result: dict[str, Any], per_document: dict[str, dict[str, Any]],
+                    sources: dict[str, list[dict[str, Any]]], command: str, split: str) -> dict[str, Any]:
+    """The results file's content from `compare_groups`'s result, each system's per-document scores
+    (`seed_scores`) and where its seeds come from (`group_seeds`' sources, with `model_commits` added)."""
+    metrics = result["metrics"]
+    by_commit = _by_commit(sources)
+    systems: dict[str, Any] = {}
+    for name, row in result["systems"].items():
+        systems[name] = {
+            "documents": row["documents"], "seeds": row["seeds"],
+            "runs": [{"run_dir": _rel(s["run_dir"]), "report": _rel(s["report"]), "row": s["row"], "seed": s["seed"],
+                      "model_commit": s["model_commit"]} for s in sources[name]],
+            "scores": {m: _rounded(row[m]) for m in metrics},
+            "per_document": per_document[name]}
+    shared = set.intersection(*(set(p["doc_ids"]) for p in per_document.values()))
+    paired = {key: {"system": key[: -len(result["reference"]) - 1], "reference": result["reference"], **_rounded(pair)}
+              for key, pair in result["paired"].items()}
+    resamples = next((p[m]["resamples"] for p in result["paired"].values() for m in metrics), None)
+    return {"schema": SCHEMA,
+            "made": {**code_revision(), "command": command, "cwd": _cwd(),
+                     "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")},
+            "model_commit": next(iter(by_commit)) if len(by_commit) == 1 else None,
+            "model_commits": by_commit,
+            "kind": "summaries" if metrics[0].startswith("rouge") else "unit rankings",
+            "split": split, "metrics": metrics, "bootstrap": resamples, "reference": result["reference"],
+            "documents": len(shared), "systems": systems, "paired": paired}
+
+
+def _rounded(obj: Any) -> Any:
+    """Floats to 6 decimals (the tables show 2): no 1.6254000000000002 in a file people read."""
+    if isinstance(obj, dict):
+        return {k: _rounded(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_rounded(v) for v in obj]
+    return round(obj, 6) if isinstance(obj, float) else obj
+
+
+def _cwd() -> str:
+    """Where the command ran, relative to the repository when inside it (the paths above are relative to it)."""
+    here = Path.cwd().resolve()
+    return str(here.relative_to(REPO)) if here.is_relative_to(REPO) else str(here)
+
+
+def dumps(obj: Any, indent: int = 0) -> str:
+    """JSON with one line per list of numbers (a seed's per-document scores), so the file reads and diffs."""
+    pad = " " * (indent + 1)
+    if isinstance(obj, dict) and obj:
+        body = ",\n".join(f"{pad}{json.dumps(k)}: {dumps(v, indent + 1)}" for k, v in obj.items())
+        return "{\n" + body + "\n" + " " * indent + "}"
+    if isinstance(obj, list) and any(isinstance(x, (dict, list)) for x in obj):
+        return "[\n" + ",\n".join(pad + dumps(x, indent + 1) for x in obj) + "\n" + " " * indent + "]"
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def write_results(path: Path, result: dict[str, Any], per_document: dict[str, dict[str, Any]],
+                  sources: dict[str, list[dict[str, Any]]], command: str, split: str) -> Path:
+    payload = results_payload(result, per_document, sources, command, split)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dumps(payload) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,178 @@
+"""Tables as data: the docs' generated tables are what docs/tables.py renders from their results files, and
+`hibert compare --results` writes such a file (schema hibert-results/1) from hand-made report.json sets — one
+commit per file unless mixing is asked for."""
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hibert.cli import main as hibert
+from hibert.finetune.evaluation.rouge import seeded_paired_bootstrap
+from hibert.finetune.results_file import SCHEMA, model_commit
+
+METRICS = ("rouge1_f", "rouge2_f", "rougeL_f", "rougeLsum_f")
+IDS = ["d1", "d2", "d3", "d4"]
+C1, C2 = "1" * 40, "2" * 40
+
+
+def _tables():
+    """docs/tables.py as a module (docs/ is no package)."""
+    spec = importlib.util.spec_from_file_location("doc_tables", Path(__file__).parents[1] / "docs" / "tables.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # its dataclass looks its module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(root: Path, name: str, seed: int, scores: list[float], commit: str, lead: list[float] | None = None) -> str:
+    """A run directory as training and `hibert evaluate` leave it: config.resolved.yaml, export/export.json
+    (git_commit, the MLflow run) and report-test/report.json in the shape finetune/evaluation/report.py writes."""
+    run = root / "runs" / name
+    (run / "export").mkdir(parents=True)
+    (run / "report-test").mkdir()
+    (run / "config.resolved.yaml").write_text(yaml.safe_dump({"run": {"name": name, "seed": seed}}))
+    (run / "export" / "export.json").write_text(json.dumps({"git_commit": commit, "mlflow_run_id": f"mlf-{name}"}))
+    per_doc = {"model": {m: scores for m in METRICS}, **({"lead3": {m: lead for m in METRICS}} if lead else {})}
+    report = {"meta": {"task": "extractive", "model": f"runs/{name}/export", "split": "test",
+                       "finetune_run": f"mlf-{name}"},
+              "num_documents": len(IDS), "scores": {}, "paired": {}, "abstractiveness": {},
+              "per_document": {"doc_ids": IDS, **per_doc}, "multi_reference": "single"}
+    (run / "report-test" / "report.json").write_text(json.dumps(report, indent=1))
+    return f"runs/{name}"
+
+
+def _two_systems(root: Path, commit_of_p: str = C1) -> list[str]:
+    """R: seeds 1, 2; P: seeds 1, 2, about 4 points above R on every document (scores with 6 decimals)."""
+    ref = [10.123456, 20.0, 30.0, 40.0]
+    r = [_run(root, f"r-seed{s}", s, [x + s for x in ref], C1, lead=[5.0] * 4) for s in (1, 2)]
+    p = [_run(root, f"p-seed{s}", s, [x + 4 + s for x in ref], commit_of_p) for s in (1, 2)]
+    return [*(f"R={x}" for x in r), *(f"P={x}" for x in p)]
+
+
+def test_the_docs_tables_are_what_their_results_files_render(repo):
+    out = subprocess.run([sys.executable, "docs/tables.py", "--check"], cwd=repo, capture_output=True, text=True,
+                         check=False, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    marked = sum(p.read_text(encoding="utf-8").count("<!-- table: ") for p in _tables().pages(repo))
+    assert marked >= 2   # a check over no table checks nothing
+
+
+def test_compare_writes_a_results_file_the_tables_render(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    items = _two_systems(tmp_path)
+    out = tmp_path / "docs" / "results" / "toy.json"
+    assert hibert(["compare", *items, "lead=runs/r-seed1#lead3", "--bootstrap", "200", "--results", str(out)]) == 0
+    assert f"results: {out}" in capsys.readouterr().out
+    res = json.loads(out.read_text())
+    assert res["schema"] == SCHEMA and res["reference"] == "R" and res["documents"] == 4
+    assert res["model_commit"] == C1 and list(res["model_commits"]) == [C1]
+    assert res["model_commits"][C1] == ["runs/r-seed1", "runs/r-seed2", "runs/p-seed1", "runs/p-seed2"]
+    made = res["made"]
+    assert re.fullmatch(r"[0-9a-f]{40}|unknown", made["commit"]) and made["clean"] in (True, False, None)
+    assert made["command"] == ("hibert compare R=runs/r-seed1 R=runs/r-seed2 P=runs/p-seed1 P=runs/p-seed2 "
+                               f"'lead=runs/r-seed1#lead3' --bootstrap 200 --results {out}")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", made["date"])
+    p = res["systems"]["P"]
+    assert p["seeds"] == 2 and [r["seed"] for r in p["runs"]] == [1, 2]
+    assert p["runs"][0] == {"run_dir": "runs/p-seed1", "report": "runs/p-seed1/report-test/report.json",
+                            "row": "model", "seed": 1, "model_commit": C1}
+    assert res["systems"]["lead"]["runs"][0]["row"] == "lead3"
+    assert p["scores"]["rouge1_f"]["seed_means"] == pytest.approx([25.030864 + 5, 25.030864 + 6])
+    assert p["per_document"]["doc_ids"] == IDS and p["per_document"]["rouge2_f"][0][0] == 15.1235   # 4 decimals
+    pair = res["paired"]["P-R"]
+    assert pair["system"] == "P" and pair["reference"] == "R" and pair["seeds"] == [2, 2]
+    assert pair["rouge1_f"]["diff"] == pytest.approx(4.0) and pair["rouge1_f"]["verdict"] == "higher"
+    # the per-document scores rerun the paired test without the reports, to the digit
+    again = seeded_paired_bootstrap(p["per_document"]["rougeL_f"], res["systems"]["R"]["per_document"]["rougeL_f"],
+                                    200)
+    assert {k: round(again[k], 6) for k in ("diff", "low", "high", "p_value")} == \
+        {k: pair["rougeL_f"][k] for k in ("diff", "low", "high", "p_value")}
+    assert out.stat().st_size < 16_000
+
+    tables = _tables()
+    page = tmp_path / "README.md"
+    page.write_text("# toy\n\n<!-- table: docs/results/toy.json rouge-seeds -->\n<!-- /table -->\n\ntext\n\n"
+                    "<!-- table: docs/results/toy.json paired -->\nstale\n<!-- /table -->\n")
+    assert tables.main(["--check"], root=tmp_path) == 1          # the blocks are not what the file renders
+    assert tables.main([], root=tmp_path) == 0 and tables.main(["--check"], root=tmp_path) == 0
+    text = page.read_text()
+    assert "| P | 4 | 1/2 | 30.53 [" in text and " ± 0.71 (30.03 / 31.03) |" in text   # seeds 1/2, per-seed means
+    assert "| system | documents | seeds | R1 | R2 | RL | RLsum |" in text and "stale" not in text
+    assert "| P − R | 4 | 2/2 | +4.00 [+3.00, +5.00] p<0.005 |" in text and text.count("| higher |") == 1
+    assert "| lead − R | 4 | 1/2 | −" in text and "| lower |" in text
+    made = [line for line in text.splitlines() if line.startswith("Made at")]
+    assert len(made) == 2 and made[0].startswith(f"Made at commit {C1[:7]} by `hibert compare R=runs/r-seed1 ")
+    assert made[0].endswith("; docs/results/toy.json).")
+    # the block's first line under the table is the one saying what made it
+    lines = text.splitlines()
+    last_row = max(i for i, line in enumerate(lines) if line.startswith("| lead |"))
+    assert lines[last_row + 1] == "" and lines[last_row + 2] == made[0]
+
+
+def test_reports_of_models_made_at_different_commits_are_refused_unless_allowed(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    items = _two_systems(tmp_path, commit_of_p=C2)
+    out = tmp_path / "mixed.json"
+    assert hibert(["compare", *items, "--bootstrap", "50", "--results", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "2 different commits" in err and f"{C1}: runs/r-seed1, runs/r-seed2" in err
+    assert f"{C2}: runs/p-seed1, runs/p-seed2" in err and "--allow-mixed-commits" in err
+    assert not out.exists()
+    assert hibert(["compare", *items, "--bootstrap", "50", "--results", str(out), "--allow-mixed-commits"]) == 0
+    res = json.loads(out.read_text())
+    assert res["model_commit"] is None and list(res["model_commits"]) == [C1, C2]
+    assert res["made"]["command"].endswith("--allow-mixed-commits")
+    assert f"Made at several commits ({C1[:7]}, {C2[:7]}) by `hibert compare" in _tables().made_line(res, "mixed.json")
+
+
+def test_a_models_commit_comes_from_the_report_or_the_export_it_evaluated(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _run(tmp_path, "a", 1, [1.0] * 4, C1)
+    run = tmp_path / "runs" / "a"
+    report = run / "report-test" / "report.json"
+    assert model_commit(report, run) == C1                     # meta.model: the export directory evaluated
+    data = json.loads(report.read_text())
+    data["meta"]["model"] = "models:/hibert-extractive@finetuned"
+    report.write_text(json.dumps(data))
+    assert model_commit(report, run) == C1                     # the run's own export is that MLflow run
+    data["meta"]["finetune_run"] = "another-run"
+    report.write_text(json.dumps(data))
+    assert model_commit(report, run) == "unknown"              # the run's export is not what was evaluated
+    data["meta"]["git_commit"] = C2
+    report.write_text(json.dumps(data))
+    assert model_commit(report, run) == C2                     # the report's own provenance first
+
+
+def test_benchmark_views_and_bad_blocks(tmp_path, monkeypatch, capsys):
+    tables = _tables()
+    view = tables.BenchView(corner="size", rows=(("small", 0, "results.small"), ("big", 1, "results.big")),
+                            columns=(("ms", "ms", lambda x: f"{x:.1f}"), ("runs", "n", str)),
+                            script="benchmarks/bench_x.py", command=("size", "profile", "skip"))
+    monkeypatch.setitem(tables.BENCH_VIEWS, "toy", view)
+    bench = tmp_path / "benchmarks" / "results"
+    bench.mkdir(parents=True)
+    (bench / "a.json").write_text(json.dumps({"machine": {"commit": C1, "tracked_changes": False},
+                                              "args": {"size": "small", "profile": "True", "skip": "False"},
+                                              "results": {"small": {"ms": 1.26, "n": 3}}}))
+    (bench / "b.json").write_text(json.dumps({"machine": {}, "results": {"big": {"ms": 20.04, "n": 1}}}))
+    block = tables.render_block(tmp_path, "benchmarks/results/a.json+benchmarks/results/b.json", "toy")
+    assert block.splitlines()[:4] == ["| size | ms | runs |", "|---|---|---|", "| small | 1.3 | 3 |",
+                                      "| big | 20.0 | 1 |"]
+    assert (f"Made at commit {C1[:7]} by `python benchmarks/bench_x.py --size small --profile` "
+            "(benchmarks/results/a.json).") in block
+    assert ("Generated from benchmarks/results/b.json, which does not record the commit and the command that made "
+            "it") in block
+    for source, view, match in (("benchmarks/results/a.json", "nope", "no view 'nope'"),
+                                ("benchmarks/results/gone.json", "toy", "cannot read it"),
+                                ("benchmarks/results/a.json", "paired", "reads one hibert-results/1 file")):
+        with pytest.raises(tables.TableError, match=match):
+            tables.render_block(tmp_path, source, view)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "x.md").write_text("<!-- table: benchmarks/results/gone.json toy -->\n<!-- /table -->\n")
+    assert tables.main(["--check"], root=tmp_path) == 2 and "docs/x.md: benchmarks/results/gone.json" in \
+        capsys.readouterr().err
