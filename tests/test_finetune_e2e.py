@@ -67,7 +67,9 @@ def test_evaluate_reports_model_next_to_lead3_and_oracle(finetuned):
     root, over = finetuned
     out = run_hibert(["evaluate", *over, "--bootstrap", "200"], timeout=300)
     report = json.loads((root / "ft" / "report-test" / "report.json").read_text())
-    assert set(report["scores"]) == {"model", "lead3", "oracle"}
+    # Lead-3, the oracle, Lead-k at the model's k and the training oracle's most frequent positions
+    k = report["meta"]["k"]
+    assert set(report["scores"]) == {"model", "lead3", "oracle", "position", *([f"lead{k}"] if k != 3 else [])}
     for system in report["scores"].values():
         r1 = system["rouge1_f"]
         assert r1["low"] <= r1["mean"] <= r1["high"]
@@ -302,6 +304,8 @@ def test_the_served_model_is_the_evaluated_one(finetuned, tmp_path, monkeypatch)
     best = max(tuning["grid"], key=lambda g: g["rouge"])
     assert selection == {"top_k": best["k"], "trigram_blocking": best["trigram_blocking"]} != {}
     assert tuning["configured"] == {"top_k": 2, "trigram_blocking": False}
+    prior = tuning["train_oracle_positions"]
+    assert prior["documents"] > 0 and sum(prior["counts"]) >= prior["documents"]
     uri = f"sqlite:///{root / 'mlflow.db'}"
     mv = client(uri).get_model_version_by_alias("hibert-extractive", "finetuned")
     assert mv.tags["top_k"] == str(selection["top_k"]) and "the model's own (extractive.json), tuned" in mv.description

@@ -225,3 +225,15 @@ def test_the_demo_offers_to_serve_only_models_that_write(tmp_path):
     abs_ok = export("abs2", "abstractive", "4", ppl=9.0)
     lines = serve_lines([ext, abs_ok], "sqlite:////x/mlflow.db")
     assert ["-p 5001" in lines[0], "models:/hibert-abstractive/4" in lines[1], "-p 5002" in lines[1]] == [True] * 3
+
+
+def test_the_position_baseline_picks_the_training_oracles_most_frequent_positions():
+    """`position`: the k positions the training oracle picked most often, among those a document has, in document
+    order (ties to the earlier position): a byline-first corpus whose oracle prefers sentences 2-4 moves it off
+    Lead-3."""
+    from hibert.finetune.extractive.evaluate import position_picks
+
+    counts = [1, 9, 8, 7, 2]                      # sentence 1 is a byline: the oracle rarely takes it
+    assert position_picks(counts, 10, 3) == [1, 2, 3]
+    assert position_picks(counts, 3, 3) == [0, 1, 2]  # a short document: all it has
+    assert position_picks([4, 0, 4], 5, 2) == [0, 2] and position_picks([], 4, 2) == [0, 1]

@@ -52,6 +52,13 @@ def rouge_of_selection(dataset, chunk_scores: dict[int, np.ndarray], k: int, tri
     return {m: float(v.mean()) for m, v in per_doc.items()}
 
 
+def position_picks(counts: list[int], num_sentences: int, k: int) -> list[int]:
+    """The `k` positions (of the document's `num_sentences`) most often in the training oracle, in document order;
+    ties and positions the training data never picked go to the earlier one."""
+    order = sorted(range(num_sentences), key=lambda j: (-(counts[j] if j < len(counts) else 0), j))
+    return sorted(order[:k])
+
+
 def tune_selection(dataset, chunk_scores: dict[int, np.ndarray], ks=(1, 2, 3, 4, 5)) -> dict[str, Any]:
     """Pick k and trigram blocking on validation by mean ROUGE-1/2/L F1."""
     rouge = Rouge(("rouge1", "rouge2", "rougeL"))
@@ -79,6 +86,19 @@ class ExtractiveEvaluation(SummaryEvaluation):
         self.provenance = selection_provenance(self.export_dir)
         self.note = selection_note(selection, self.provenance, given=bool(settings.flags))
         return documents(self.test)
+
+    def baselines(self, docs: list[Document]) -> dict[str, list[list[str]]]:
+        """Lead-3 and the oracle; Lead-k at the model's k (when it is not 3); and `position`: the k positions the
+        training data's oracle picks most often (selection_tuning.json), a document's existing ones in order —
+        what a model that learned only position would extract."""
+        out = super().baselines(docs)
+        if self.k != 3:
+            out[f"lead{self.k}"] = [d.sentences[:self.k] for d in docs]
+        prior = (self.provenance or {}).get("train_oracle_positions")
+        if prior and prior.get("counts"):
+            out["position"] = [[d.sentences[j] for j in position_picks(prior["counts"], len(d.sentences), self.k)]
+                               for d in docs]
+        return out
 
     def predict(self, docs: list[Document]) -> list[list[str]]:
         scores = chunk_to_doc_scores(self.test, score_split(self.model, self.test, self.device))

@@ -136,12 +136,13 @@ class ExtractiveTask(EncoderHead, Task):
         configured ones when tuning is off or there is no validation split."""
         obj = self.cfg.objective
         configured = {"top_k": obj.top_k, "trigram_blocking": obj.trigram_blocking}
+        positions = {"train_oracle_positions": oracle_positions(self.cfg.data.dataset_dir, obj.tune_documents * 10)}
         if not obj.tune_selection:
-            return configured, {"tuned": False, "reason": "objective.tune_selection=false", **configured}
+            return configured, {"tuned": False, "reason": "objective.tune_selection=false", **configured, **positions}
         valid = DocumentDataset(self.cfg.data.dataset_dir, "valid")
         n = min(len(valid), obj.tune_documents)
         if n == 0:
-            return configured, {"tuned": False, "reason": "no validation documents", **configured}
+            return configured, {"tuned": False, "reason": "no validation documents", **configured, **positions}
         model = HibertExtractive(self.model_cfg)
         model.load_state_dict({k: v.float() for k, v in full_state.items()})
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -152,8 +153,31 @@ class ExtractiveTask(EncoderHead, Task):
         try:
             t = tune_selection(valid, dict(enumerate(scores)))
         except UserError as e:   # validation documents without summaries: nothing to tune on
-            return configured, {"tuned": False, "reason": str(e), **configured}
+            return configured, {"tuned": False, "reason": str(e), **configured, **positions}
         return ({"top_k": t["k"], "trigram_blocking": t["trigram_blocking"]},
                 {"tuned": True, "split": "valid", "documents": n, "metric": "mean of ROUGE-1/2/L F1",
                  "top_k": t["k"], "trigram_blocking": t["trigram_blocking"], "configured": configured,
-                 "grid": t["grid"]})
+                 "grid": t["grid"], **positions})
+
+
+def oracle_positions(dataset_dir, limit: int) -> dict[str, Any] | None:
+    """How often each sentence position of a document's first chunk is in the oracle summary, over the first
+    `limit` training chunks: what a position-only extractor learns (the evaluation's `position` baseline picks
+    the most frequent positions a document has). None without a training split with labels."""
+    try:
+        train = DocumentDataset(dataset_dir, "train")
+    except (FileNotFoundError, UserError):
+        return None
+    counts: list[int] = []
+    docs = 0
+    for i in range(min(len(train), limit)):
+        if train.chunk_index(i) != 0:
+            continue
+        labels = train.labels(i)
+        if labels is None:
+            continue
+        docs += 1
+        for j in np.flatnonzero(np.asarray(labels)).tolist():
+            counts.extend([0] * (j + 1 - len(counts)))
+            counts[j] += 1
+    return {"documents": docs, "counts": counts} if docs else None
