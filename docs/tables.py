@@ -17,6 +17,7 @@ Views of `hibert compare --results` files (schema hibert-results/1, docs/results
   rouge-seeds   systems x metrics: mean [95% CI] ± sd of the per-seed means (the per-seed means)
   paired        each system against the reference: difference [95% CI] p, and what the interval allows one to
                 say ("no measurable difference" where it crosses 0, else "higher" / "lower")
+  positions     % of each extracting system's picks at sentence 1, 2, ..., 10+ (its seeds' reports summed)
 Views of benchmark JSON (benchmarks/results/*.json): the names in BENCH_VIEWS, each a list of rows (a path into
 the file) and columns (a key under the row and its format), rendered by one generic renderer.
 """
@@ -118,9 +119,24 @@ def paired(results: dict[str, Any]) -> tuple[list[str], list[str]]:
          "reads \"no measurable difference\".")]
 
 
+def positions(results: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Where each extracting system's picks sit in the documents: % of its picks at sentence 1, 2, ..., 10+."""
+    rows, bins = [], None
+    for name, system in results["systems"].items():
+        pos = system.get("positions")
+        if not pos:
+            continue
+        bins = bins or pos["bins"]
+        rows.append([name, count(pos["picks"]), *(f"{100 * c / max(pos['picks'], 1):.0f}" for c in pos["counts"])])
+    if not rows:
+        raise TableError("no system of this results file records the positions of its picks")
+    return table(["system", "picks", *(f"sentence {b}" for b in bins)], rows), [
+        "% of each system's picked sentences at each position of the document, over its seeds' reports."]
+
+
 # a view: (the table's lines, the notes under the line saying what made it)
 RESULT_VIEWS: dict[str, Callable[[dict[str, Any]], tuple[list[str], list[str]]]] = {
-    "rouge-seeds": rouge_seeds, "paired": paired}
+    "rouge-seeds": rouge_seeds, "paired": paired, "positions": positions}
 
 
 # ------------------------------------------------------------------ benchmark JSON

@@ -136,6 +136,7 @@ def results_payload(result: dict[str, Any], per_document: dict[str, dict[str, An
             "runs": [{"run_dir": _rel(s["run_dir"]), "report": _rel(s["report"]), "row": s["row"], "seed": s["seed"],
                       "model_commit": s["model_commit"]} for s in sources[name]],
             "scores": {m: _rounded(row[m]) for m in metrics},
+            **({"positions": pos} if (pos := picked_positions(sources[name])) else {}),
             "per_document": per_document[name]}
     shared = set.intersection(*(set(p["doc_ids"]) for p in per_document.values()))
     paired = {key: {"system": key[: -len(result["reference"]) - 1], "reference": result["reference"], **_rounded(pair)}
@@ -149,6 +150,22 @@ def results_payload(result: dict[str, Any], per_document: dict[str, dict[str, An
             "kind": "summaries" if metrics[0].startswith("rouge") else "unit rankings",
             "split": split, "metrics": metrics, "bootstrap": resamples, "reference": result["reference"],
             "documents": len(shared), "systems": systems, "paired": paired}
+
+
+def picked_positions(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Where a system's picks sit in the documents, summed over its seeds' reports (report.json `positions`, an
+    extractive model's and its baselines'): {"bins": ["1", ..., "10+"], "picks": n, "counts": [...]}; None when a
+    seed's report has none for its row."""
+    bins, counts, picks = None, None, 0
+    for run in runs:
+        report = _read_json(Path(run["report"])) or {}
+        mine = (report.get("positions") or {}).get("systems", {}).get(run["row"])
+        if mine is None:
+            return None
+        bins = bins or report["positions"]["bins"]
+        counts = [a + b for a, b in zip(counts, mine["counts"])] if counts else list(mine["counts"])
+        picks += mine["picks"]
+    return {"bins": bins, "picks": picks, "counts": counts} if counts else None
 
 
 def _rounded(obj: Any) -> Any:

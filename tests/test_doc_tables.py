@@ -176,3 +176,21 @@ def test_benchmark_views_and_bad_blocks(tmp_path, monkeypatch, capsys):
     (tmp_path / "docs" / "x.md").write_text("<!-- table: benchmarks/results/gone.json toy -->\n<!-- /table -->\n")
     assert tables.main(["--check"], root=tmp_path) == 2 and "docs/x.md: benchmarks/results/gone.json" in \
         capsys.readouterr().err
+
+
+def test_the_positions_of_each_systems_picks_are_summed_over_its_seeds(tmp_path):
+    """`picked_positions`: a system's report.json `positions` summed over its seeds' reports (its own row of each);
+    the `positions` view: % of its picks at each sentence position."""
+    from hibert.finetune.results_file import picked_positions
+
+    runs = []
+    for i, counts in enumerate(([2, 1, 0, 1], [1, 1, 1, 1])):
+        report = tmp_path / f"r{i}.json"
+        report.write_text(json.dumps({"positions": {"bins": ["1", "2", "3", "4+"], "systems": {
+            "model": {"picks": sum(counts), "counts": counts}, "lead3": {"picks": 3, "counts": [1, 1, 1, 0]}}}}))
+        runs.append({"report": str(report), "row": "model"})
+    assert picked_positions(runs) == {"bins": ["1", "2", "3", "4+"], "picks": 8, "counts": [3, 2, 1, 2]}
+    assert picked_positions([*runs, {"report": str(tmp_path / "none.json"), "row": "model"}]) is None
+    lines, _ = _tables().positions({"systems": {"pre": {"positions": picked_positions(runs)}, "lead3": {}}})
+    assert lines[0] == "| system | picks | sentence 1 | sentence 2 | sentence 3 | sentence 4+ |"
+    assert lines[2] == "| pre | 8 | 38 | 25 | 12 | 25 |" and len(lines) == 3

@@ -272,3 +272,47 @@ def test_registered_version_is_a_pyfunc_model_served_by_mlflow_like_summarize(re
         status, body = invoke(url, {"dataframe_records": [{"text": articles[1]}], "params": params})
         assert status == 200 and (body["predictions"][0]["summary"], body["predictions"][0]["subwords"]) == \
             want_params[1]
+
+
+def test_the_served_abstractive_model_writes_what_evaluate_scored(reference, tmp_path, monkeypatch):
+    """On the same documents (the test split's first chunks, given as text that segments and encodes to the
+    evaluated subword ids), `hibert evaluate`'s summaries (report.json `outputs`) are what `hibert summarize
+    --json` prints and what the pyfunc model answers, with the model's own decoding settings; and every answer's
+    note begins with the model's "cannot write yet" (a tiny model's validation perplexity is far above it)."""
+    import mlflow
+    import numpy as np
+    import pandas as pd
+
+    from hibert.data_prep import DocumentDataset
+    from hibert.finetune.inference.text import TextEncoder
+    from serving_helpers import mlflow_store
+
+    root, over = reference
+    export = root / "abs" / "export"
+    run_hibert(["evaluate", *over, "--bootstrap", "20", "--out", tmp_path / "report"], timeout=300)
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    evaluated = dict(zip(report["per_document"]["doc_ids"], report["outputs"]["model"]))
+    dataset = Path(next(o for o in over if o.startswith("data.dataset=")).split("=", 1)[1])
+    test = DocumentDataset(dataset, "test")
+    encode = TextEncoder(export, json.loads((export / "export.json").read_text()), None)
+    same = []
+    for i in range(len(test)):
+        doc, sentences = test.source_doc(i), test.sentences_text(i)
+        if test.chunk_index(i) != 0 or doc not in evaluated:
+            continue
+        texts, ids, _ = encode("\n\n".join(sentences), doc)
+        if texts == sentences and all(np.array_equal(a, b) for a, b in zip(ids, test[i])):
+            same.append((doc, "\n\n".join(sentences)))
+    assert len(same) >= 2, (len(same), len(evaluated))
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": text}) + "\n" for _, text in same))
+    out = run_hibert(["summarize", *over, "--model", "models:/hibert-abstractive@finetuned", "--input", docs,
+                      "--json"], timeout=300)
+    printed = [json.loads(line) for line in out.stdout.splitlines()]
+    with mlflow_store(f"sqlite:///{root / 'mlflow.db'}", monkeypatch):
+        model = mlflow.pyfunc.load_model("models:/hibert-abstractive@finetuned")
+    served = model.predict(pd.DataFrame({"text": [text for _, text in same]}))
+    for (doc, _), rec, summary, note in zip(same, printed, served["summary"], served["note"]):
+        assert evaluated[doc] == rec["summary"] == list(summary), doc
+        assert note.startswith("this model's decoder cannot write yet") and rec["note"] == note
+    assert report["meta"]["notes"][0].startswith("this model's decoder cannot write yet")
