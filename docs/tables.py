@@ -176,7 +176,7 @@ class BenchView:
 
 
 def lookup(obj: Any, path: str) -> Any:
-    for part in path.split("."):
+    for part in path.split(".") if path else []:
         obj = obj[int(part)] if isinstance(obj, list) else obj[part]
     return obj
 
@@ -198,6 +198,14 @@ BENCH_VIEWS: dict[str, BenchView] = {
                  ("plan", "plan_s", lambda x: f"{x:.3f} s"), ("first batch", "first_batch_s", lambda x: f"{x:.3f} s"),
                  ("resume (middle batch)", "resume_batch_s", lambda x: f"{x:.3f} s"),
                  ("merge", "prep.merge_s", lambda x: f"{x:.1f} s"), ("RSS", "rss_mb", lambda x: f"{x:.0f} MB"))),
+    "soak": BenchView(
+        corner="job",
+        rows=(("one pretraining job on the local Slurm cluster", 0, ""),),
+        columns=(("steps", "steps", str), ("interruptions", "interruptions", str),
+                 ("of them during a checkpoint save", "kills_during_save", str), ("restarts", "restarts", str),
+                 ("end", "state", str), ("encoder bit-identical", "identical", lambda x: "yes" if x else "NO"),
+                 ("uninterrupted", "reference_s", lambda x: f"{x:.1f} s"),
+                 ("interrupted", "soak_s", lambda x: f"{x:.1f} s"))),
 }
 
 

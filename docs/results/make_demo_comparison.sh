@@ -6,7 +6,7 @@
 # test split, on 1,014 held-out CNN/DM articles (configs/data/cnndm_heldout.yaml) and on the same articles
 # with their byline lines removed (configs/data/cnndm_heldout_clean.yaml, data_prep/bylines.py); every
 # comparison is written to docs/results/ (hibert compare --results) and rendered into docs/experiments.md by
-# docs/tables.py. About 70 minutes on 2 CPU cores.
+# docs/tables.py. About 35 minutes on 2 CPU cores.
 #
 #   bash docs/results/make_demo_comparison.sh [OUT]      # OUT: default runs/exp
 set -euo pipefail
