@@ -20,8 +20,8 @@ from pathlib import Path
 _BY = re.compile(r"^by \. (?:[^.]{1,60}? \. ){1,2}?(?=(?:published|last updated|updated|pub|and|created)\b|\S)")
 # the time stamps that follow it: "published : . 12:01 est , 3 may 2013 . | . updated : . 14:27 est , 3 may 2013 ."
 # and "last updated at 7:37 am on 22nd june 2011 ."
-_STAMP = re.compile(r"^(?:\| \. )?(?:published|updated|last updated|created)\s*:?\s*(?:at )?\.?\s*[^.|]{0,60}?"
-                    r"(?:\d{4}|am|pm|est|gmt|bst)\s*\.\s*")
+_STAMP = re.compile(r"^(?:\| \. )?(?:published|updated|last updated|created)\s*(?::\s*\.|at)\s*[^.|]{0,60}?"
+                    r"(?:\b\d{4}|\b(?:am|pm|est|gmt|bst))\s*\.\s*")
 _SEP = re.compile(r"^\| \. ")
 _FOLLOW = re.compile(r"^follow (?:@@ ?|@)\S+ \. ")   # "follow @@ janedoe_dm ." : the author's handle
 
@@ -32,6 +32,7 @@ def strip_byline(article: str) -> str:
     m = _BY.match(text)
     if m:
         text = text[m.end():].lstrip()
+    # a stamp is "published : . <time or year> ." (or "last updated at ..."): "published figures show ..." is not
     for _ in range(4):   # "published : ... | . updated : ..." : a few stamps at most
         m = _STAMP.match(text) or _SEP.match(text) or _FOLLOW.match(text)
         if not m:

@@ -177,8 +177,8 @@ def _merge(cfg: DataConfig, out: Path, plan: dict[str, Any], info: dict[str, Any
     """Merge the shards; every task that could wait on the tokenizer lock is done by then, so its file goes
     (deleting an flock file while another process may still open it would let two processes hold it)."""
     manifest = merge(cfg, out, plan, info)
-    (out / LOCK).unlink(missing_ok=True)
     clear_staging(out)   # every shard is finished: what is left there was left by processes that died
+    (out / LOCK).unlink(missing_ok=True)   # last: a prep started after this one finds no staging to lose
     return manifest
 
 

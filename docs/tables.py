@@ -244,8 +244,12 @@ def render_block(root: Path, source: str, view: str) -> str:
     if view in RESULT_VIEWS:
         if len(files) != 1 or files[0].get("schema") != SCHEMA:
             raise TableError(f"{source}: view {view!r} reads one {SCHEMA} file (`hibert compare --results`)")
-        body, notes = RESULT_VIEWS[view](files[0])
-        return "\n".join([*body, "", made_line(files[0], source), *notes]) + "\n"
+        try:
+            body, notes = RESULT_VIEWS[view](files[0])
+            made = made_line(files[0], source)
+        except (KeyError, IndexError, TypeError) as e:   # a file missing what the view reads: one line, as below
+            raise TableError(f"{source}: view {view!r} finds no {e} in it") from None
+        return "\n".join([*body, "", made, *notes]) + "\n"
     if view in BENCH_VIEWS:
         try:
             body = BENCH_VIEWS[view].render(files)

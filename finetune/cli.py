@@ -31,7 +31,14 @@ from hibert.finetune.inference.text import InputError, Summary, check_lengths, r
 from hibert.finetune.settings import EvalSettings, SummarizeSettings, default_device, model_ref
 from hibert.heads import EvalOutcome, get_head, head_of_export, is_builtin
 from hibert.redact import redact_uri
-from hibert.registry import check_store_location, reachable, resolve_model, tracking_uri
+from hibert.registry import (
+    check_store_location,
+    parse_models_ref,
+    pin_model_ref,
+    reachable,
+    resolve_model,
+    tracking_uri,
+)
 from hibert.runtime.launch import relaunch
 from hibert.runtime.outbox import Outbox, drain
 from hibert.runtime.tracking import evaluation_op, send
@@ -179,7 +186,7 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
     except UserError as e:
         print(e, file=sys.stderr)
         return 1
-    registered = _registered_version(head, local)
+    registered = _registered_version(head, local, ref, uri)
     if registered:
         outcome.meta["registered_version"] = registered
     if outcome.result is not None:  # the report's metrics join the store (made here if it is the default one)
@@ -188,8 +195,15 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
-def _registered_version(head, local: Path) -> str | None:
-    """"<registered model>/<version>" of an export that records its registration (registry.json), else None."""
+def _registered_version(head, local: Path, ref: str, uri: str) -> str | None:
+    """"<registered model>/<version>": the version a models:/ reference points at (the downloaded files do not
+    record it: registry.json is written after the upload), or the one a run's export recorded; else None."""
+    if ref.startswith("models:/"):
+        try:
+            pinned = parse_models_ref(pin_model_ref(ref, uri))
+        except Exception:  # noqa: BLE001 - the tag is a convenience: the evaluation does not depend on it
+            return None
+        return f"{pinned[0]}/{pinned[2]}" if pinned and pinned[2] else None
     try:
         version = json.loads((Path(local) / "registry.json").read_text()).get("version")
     except (OSError, ValueError, AttributeError):

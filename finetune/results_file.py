@@ -162,7 +162,9 @@ def picked_positions(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
         mine = (report.get("positions") or {}).get("systems", {}).get(run["row"])
         if mine is None:
             return None
-        bins = bins or report["positions"]["bins"]
+        if bins is not None and report["positions"]["bins"] != bins:
+            return None   # seeds binned differently: not summable
+        bins = report["positions"]["bins"]
         counts = [a + b for a, b in zip(counts, mine["counts"])] if counts else list(mine["counts"])
         picks += mine["picks"]
     return {"bins": bins, "picks": picks, "counts": counts} if counts else None

@@ -16,7 +16,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from hibert.errors import UserError
+from hibert.errors import UserError, free_mb
 from hibert.redact import redact_uri
 
 try:
@@ -311,7 +311,9 @@ def resolve_model(ref: str, uri: str, dst: str | Path | None = None) -> Path:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
     def fail(e: MlflowException) -> UserError:
-        reason = redact_uri(str(e.message).splitlines()[0])[:300]
+        # MLflow's download failures put the cause on the lines after "The following failures occurred ..."
+        lines = [line.strip() for line in str(e.message).splitlines() if line.strip()] or [type(e).__name__]
+        reason = redact_uri(" ".join(lines[:2]))[:400]
         return UserError(f"model reference {ref!r} does not resolve in {redact_uri(uri)}: {reason} "
                          "(hibert registry list shows what is there)")
 
@@ -330,7 +332,10 @@ def model_cache() -> Path:
     ~/.cache/hibert — one user-level place, never the working directory."""
     if os.environ.get("HIBERT_CACHE"):
         return Path(os.environ["HIBERT_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    try:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    except RuntimeError:   # no HOME and no passwd entry (some containers)
+        raise UserError("no place for the model cache: set HIBERT_CACHE (or HOME) to a writable directory") from None
     return Path(base) / "hibert"
 
 
@@ -365,12 +370,24 @@ def _cached_download(ref: str, uri: str, name: str, key: str) -> Path:
         raise UserError(f"cannot use the model cache {model_cache()} ({e.strerror or e}): set HIBERT_CACHE to a "
                         "writable directory") from None
     try:
-        mlflow.artifacts.download_artifacts(artifact_uri=ref, dst_path=str(part), tracking_uri=uri, registry_uri=uri)
+        try:
+            mlflow.artifacts.download_artifacts(artifact_uri=ref, dst_path=str(part), tracking_uri=uri,
+                                                registry_uri=uri)
+        except OSError as e:   # the cache's disk: full, or not writable
+            raise UserError(f"cannot download {ref} into the model cache {place.parent} ({e.strerror or e}; "
+                            f"{free_mb(place.parent)}): free space or set HIBERT_CACHE") from None
+        # MLflow returns an empty folder (a log line, no error) for a version whose artifacts are gone: never
+        # cache that, or every later call would read it
+        if not (part / "export.json").is_file():
+            raise UserError(f"model reference {ref!r} in {redact_uri(uri)}: its files did not download "
+                            f"({', '.join(sorted(p.name for p in part.iterdir())[:5]) or 'no file'}): the version's "
+                            "artifacts are missing from the store (hibert registry show)")
         try:
             part.rename(place)
-        except OSError:
-            if not place.is_dir():
-                raise
+        except OSError as e:
+            if not place.is_dir():   # not another resolver's finished copy: a real failure
+                raise UserError(f"cannot write the model cache {place} ({e.strerror or e}): set HIBERT_CACHE to a "
+                                "writable directory") from None
     finally:
         shutil.rmtree(part, ignore_errors=True)
     return place

@@ -18,9 +18,15 @@ from hibert.data_prep.bylines import strip_byline
     # no byline: unchanged (CNN's dateline belongs to the first sentence)
     ("-lrb- cnn -rrb- the second mate could n't believe it .", "-lrb- cnn -rrb- the second mate could n't believe it ."),
     ("by the river , two men fished . they caught nothing .", "by the river , two men fished . they caught nothing ."),
+    # a story's own first sentence is not a stamp: a stamp has ": ." (or "at") and a time or a year
+    ("published figures show the city is among the safest . the report", None),
+    ("created by a team of engineers in 2013 . it works .", None),
+    ("updated rules for the program . teams agree .", None),
+    ("published : . 02:58 est , 14 june 2012 . | . updated : . 03:01 est , 14 june 2012 . oxfam is calling .",
+     "oxfam is calling ."),
 ])
 def test_strip_byline_hand_checked(article, clean):
-    assert strip_byline(article) == clean
+    assert strip_byline(article) == (article if clean is None else clean)
 
 
 def test_the_command_counts_every_record(tmp_path):

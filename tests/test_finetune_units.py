@@ -237,3 +237,59 @@ def test_the_position_baseline_picks_the_training_oracles_most_frequent_position
     assert position_picks(counts, 10, 3) == [1, 2, 3]
     assert position_picks(counts, 3, 3) == [0, 1, 2]  # a short document: all it has
     assert position_picks([4, 0, 4], 5, 2) == [0, 2] and position_picks([], 4, 2) == [0, 1]
+
+
+def test_tuning_at_export_reads_only_the_first_documents_and_survives_ones_without_summaries(monkeypatch):
+    """The export's selection tuning scores the first `tune_documents` validation chunks and builds their
+    documents once (never the whole split per grid point); when none of them has a summary it keeps the configured
+    selection and says why instead of failing the export."""
+    import numpy as np
+    import torch
+
+    from hibert.config import Config
+    from hibert.finetune.extractive import task as ext
+
+    class Valid:   # 6 one-chunk documents; only the last two have a summary
+        split = "valid"
+
+        def __init__(self):
+            self.seen = set()
+
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            return [np.array([5, 6])] * 4
+
+        def source_doc(self, i):
+            self.seen.add(i)
+            return f"d{i}"
+
+        def chunk_index(self, i):
+            return 0
+
+        def sentences_text(self, i):
+            return [f"sentence {j} of {i} ." for j in range(4)]
+
+        def summary_text(self, i):
+            return ["sentence 1 of 5 ."] if i >= 4 else None
+
+        def labels(self, i):
+            return None
+
+    valid = Valid()
+    monkeypatch.setattr(ext, "DocumentDataset", lambda d, split: valid if split == "valid" else [])
+    monkeypatch.setattr(ext, "HibertExtractive", lambda cfg: torch.nn.Linear(1, 1))
+    monkeypatch.setattr(ext, "score_documents", lambda model, docs, device: [np.arange(4.0)[::-1] for _ in docs])
+    cfg = Config()
+    cfg.objective.tune_documents = 3
+    task = object.__new__(ext.ExtractiveTask)
+    task.cfg, task.model_cfg = cfg, None
+    state = torch.nn.Linear(1, 1).state_dict()
+    selection, record = task.tuned_selection(state)
+    assert selection == {"top_k": 3, "trigram_blocking": False} and record["tuned"] is False
+    # chunk 3 is only looked at to find where document 2 ends
+    assert "no scored validation document with a summary" in record["reason"] and valid.seen == {0, 1, 2, 3}
+    cfg.objective.tune_documents = 6
+    selection, record = task.tuned_selection(state)
+    assert record["tuned"] and record["documents"] == 6 and selection["top_k"] in range(1, 6)

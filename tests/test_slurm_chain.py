@@ -35,7 +35,9 @@ def test_submit_runs_the_demo_chain_to_the_end(slurm_cluster, tmp_path):
     aliases = {a for r in list_versions(f"sqlite:///{tmp_path / 'mlflow.db'}") for a in r["aliases"]}
     assert {f"open-domain-{cid}", f"in-domain-{cid}", f"finetuned-{cid}"} <= aliases
     report = json.loads((tmp_path / f"finetune-{cid}" / "report-test" / "report.json").read_text())
-    assert set(report["scores"]) == {"model", "lead3", "oracle"}
+    # the extractive baselines: Lead-3, the oracle, the training oracle's positions (and Lead-k at a tuned k != 3)
+    assert {"model", "lead3", "oracle", "position"} <= set(report["scores"]) <= {
+        "model", "lead3", "oracle", "position", *(f"lead{k}" for k in range(1, 6))}
 
     # the prep array's two shards, one per node, + the merge == one local process preparing the same plan
     assert sorted(slurm_cluster.hosts(ids["prep-open"])) == ["n1", "n2"]

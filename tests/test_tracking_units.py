@@ -435,3 +435,29 @@ def test_mlflows_store_errors_are_one_line_each_without_tracebacks(capfd, monkey
     finally:
         monkeypatch.undo()
         setup_logging(0)
+
+
+def test_the_model_cache_keeps_only_complete_downloads(tmp_path, monkeypatch):
+    """A version whose artifacts are gone downloads as an empty folder (MLflow logs it, raises nothing): one line
+    naming the reference, and nothing cached, so a later call downloads again; a complete download is cached
+    once and read from the cache afterwards."""
+    import mlflow
+
+    from hibert.registry import _cached_download
+
+    monkeypatch.setenv("HIBERT_CACHE", str(tmp_path / "cache"))
+    calls = []
+
+    def download(artifact_uri, dst_path, **_):
+        calls.append(artifact_uri)
+        if len(calls) > 1:   # the artifacts are back
+            (Path(dst_path) / "export.json").write_text("{}")
+        return dst_path
+
+    monkeypatch.setattr(mlflow.artifacts, "download_artifacts", download)
+    with pytest.raises(UserError, match=r"models:/m/1.*its files did not download \(no file\)"):
+        _cached_download("models:/m/1", "sqlite:////x.db", "m", "1-abc-1")
+    assert not list((tmp_path / "cache").rglob("*.json")) and not list((tmp_path / "cache").rglob("*.partial"))
+    first = _cached_download("models:/m/1", "sqlite:////x.db", "m", "1-abc-1")
+    assert (first / "export.json").is_file()
+    assert _cached_download("models:/m/1", "sqlite:////x.db", "m", "1-abc-1") == first and len(calls) == 2

@@ -43,8 +43,10 @@ def system_summaries(docs: list[Document], scores: dict[str, np.ndarray], k: int
 
 
 def rouge_of_selection(dataset, chunk_scores: dict[int, np.ndarray], k: int, trigram_blocking: bool,
-                       rouge: Rouge | None = None) -> dict[str, float]:
-    docs = [d for d in documents(dataset)]
+                       rouge: Rouge | None = None, docs: list[Document] | None = None) -> dict[str, float]:
+    """Mean ROUGE F1 of the top-k selection over the documents `chunk_scores` covers (`docs`: the split's
+    documents, when the caller has them already)."""
+    docs = list(documents(dataset)) if docs is None else docs
     scores = chunk_to_doc_scores(dataset, chunk_scores)
     docs = [d for d in docs if d.doc_id in scores]
     per_doc = (rouge or Rouge()).score_corpus(system_summaries(docs, scores, k, trigram_blocking),
@@ -59,13 +61,16 @@ def position_picks(counts: list[int], num_sentences: int, k: int) -> list[int]:
     return sorted(order[:k])
 
 
-def tune_selection(dataset, chunk_scores: dict[int, np.ndarray], ks=(1, 2, 3, 4, 5)) -> dict[str, Any]:
-    """Pick k and trigram blocking on validation by mean ROUGE-1/2/L F1."""
+def tune_selection(dataset, chunk_scores: dict[int, np.ndarray], ks=(1, 2, 3, 4, 5),
+                   docs: list[Document] | None = None) -> dict[str, Any]:
+    """Pick k and trigram blocking on validation by mean ROUGE-1/2/L F1 (`docs`: the documents to tune on, made
+    once for the whole grid)."""
     rouge = Rouge(("rouge1", "rouge2", "rougeL"))
+    docs = list(documents(dataset)) if docs is None else docs
     grid = []
     for k in ks:
         for tb in (False, True):
-            r = rouge_of_selection(dataset, chunk_scores, k, tb, rouge)
+            r = rouge_of_selection(dataset, chunk_scores, k, tb, rouge, docs)
             grid.append({"k": k, "trigram_blocking": tb,
                          "rouge": (r["rouge1_f"] + r["rouge2_f"] + r["rougeL_f"]) / 3})
     best = max(grid, key=lambda g: g["rouge"])

@@ -17,9 +17,10 @@ from safetensors.torch import save_file
 
 from hibert.config import Config
 from hibert.config.model import ModelConfig
-from hibert.finetune.base.task import EncoderHead
 from hibert.data_prep import DocumentDataset
 from hibert.errors import UserError
+from hibert.finetune.base.task import EncoderHead
+from hibert.finetune.evaluation.report import documents
 from hibert.finetune.extractive.evaluate import rouge_of_selection, tune_selection
 from hibert.finetune.extractive.export import score_documents, sentence_scores
 from hibert.finetune.extractive.settings import (
@@ -150,10 +151,12 @@ class ExtractiveTask(EncoderHead, Task):
         while n < len(valid) and valid.source_doc(n) == valid.source_doc(n - 1):
             n += 1   # a document's chunks are consecutive: never tune on half a document
         scores = score_documents(model, [valid[i] for i in range(n)], device)
-        try:
-            t = tune_selection(valid, dict(enumerate(scores)))
-        except UserError as e:   # validation documents without summaries: nothing to tune on
-            return configured, {"tuned": False, "reason": str(e), **configured, **positions}
+        del model   # the engine's own copy stays where it is
+        try:   # the documents of these n chunks only, made once: never the whole split ten times
+            t = tune_selection(valid, dict(enumerate(scores)), docs=documents(LeadingChunks(valid, n)))
+        except (UserError, KeyError) as e:   # no scored document has a summary: nothing to tune on
+            return configured, {"tuned": False, "reason": f"no scored validation document with a summary ({e})",
+                                **configured, **positions}
         return ({"top_k": t["k"], "trigram_blocking": t["trigram_blocking"]},
                 {"tuned": True, "split": "valid", "documents": n, "metric": "mean of ROUGE-1/2/L F1",
                  "top_k": t["k"], "trigram_blocking": t["trigram_blocking"], "configured": configured,
@@ -181,3 +184,16 @@ def oracle_positions(dataset_dir, limit: int) -> dict[str, Any] | None:
             counts.extend([0] * (j + 1 - len(counts)))
             counts[j] += 1
     return {"documents": docs, "counts": counts} if docs else None
+
+
+class LeadingChunks:
+    """The first `n` chunks of a split, as `documents()` reads a dataset (everything else delegated)."""
+
+    def __init__(self, dataset, n: int):
+        self._dataset, self._n = dataset, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getattr__(self, name: str):
+        return getattr(self._dataset, name)

@@ -90,7 +90,7 @@ def summarizer(cfg: Config, local: Path, device: str, generation: GenerationConf
     ranking = settings.ranking or stored_mds_settings(local).ranking
     ranker_dir = None
     if ranking_kind(ranking) == "learned":
-        ranker_dir = resolve_model(ranking, tracking_uri(cfg.tracking.uri, cfg.run.output_dir),
-                                   cfg.run_dir / "summarize-ranker")
+        # the user's model cache, as for the summarizer itself (never the working directory)
+        ranker_dir = resolve_model(ranking, tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False))
     return ClusterSummarizer(local, device, cfg.data.segmenter.stanza_dir, generation, ranking,
                              ranker_dir)

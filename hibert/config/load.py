@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 from importlib.resources import files
 from pathlib import Path
 from typing import Any, get_args, get_origin
@@ -306,11 +307,14 @@ def save_resolved(cfg: Config, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     target = out / RESOLVED_NAME
-    tmp = target.with_suffix(".tmp")
-    tmp.unlink(missing_ok=True)
-    # owner-only: it keeps the real tracking URI (credentials included), since a resume reruns it
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(dump_yaml(cfg))
-    tmp.replace(target)
+    # owner-only (mkstemp: 0600): it keeps the real tracking URI (credentials included), since a resume reruns it;
+    # a temporary name of its own, so two commands writing the same directory never share one
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{RESOLVED_NAME}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(dump_yaml(cfg))
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return target
