@@ -46,7 +46,10 @@ def test_dry_run_writes_a_json_per_step_and_a_summary(tmp_path):
     steps = {s: json.loads((out / f"{i + 1}_{s}.json").read_text()) for i, s in enumerate(STEPS)}
     assert steps["environment"]["setup"]["link_tree"], steps["environment"]["setup"]   # the bare device's import path
     assert steps["cuda_tests"]["reason"].startswith("no CUDA") and steps["cuda_tests"]["counts"]["skipped"] > 0
-    for run in steps["pretrain"]["runs"].values():
+    runs = steps["pretrain"]["runs"]
+    assert list(runs) == ["zero1", "zero1-compiled", "zero2"], list(runs)
+    assert runs["zero1-compiled"]["switches"] == {"deepspeed.torch_compile": True, "deepspeed.check_finite_grads": False}
+    for run in runs.values():
         assert run["exit"] == 0 and run["tokens_per_s"] > 0 and run["exported"] and run["checkpoint"]
     # the committed CPU reference reproduces on CPU (same data, masks and initial weights)
     assert steps["loss_curve"]["fingerprint"] == steps["loss_curve"]["reference_fingerprint"]

@@ -132,6 +132,8 @@ CHILD = textwrap.dedent("""
     groups = [ParamGroup("encoder", list(model[0].parameters()), 0.0, lr_scale=0.1, warmup_steps=2),
               ParamGroup("decoder", list(model[1].parameters()), 0.0)]
     engine = build_engine(cfg, model, rt, groups)
+    from hibert.runtime import host_syncs
+    assert engine.optimizer.unscale_and_clip_grads.__func__ is host_syncs.unscale_and_clip_grads
     for step in range(5):
         want = [0.01 * 0.1 * lr_multiplier(step, 2, "inverse_sqrt", None),
                 0.01 * lr_multiplier(step, 4, "inverse_sqrt", None)]
@@ -381,3 +383,78 @@ def test_the_launcher_looks_up_run_init_without_downloading_or_creating_anything
     with pytest.raises(UserError, match="no registry at"):
         check_init_reference("models:/enc@stage", f"sqlite:///{tmp_path / 'elsewhere' / 'mlflow.db'}")
     assert not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize("loss_scale", [1.0, 65536.0])
+@pytest.mark.parametrize("clip_grad", [0.0, 1.0])
+def test_sync_free_clipping_scales_gradients_as_deepspeed_does(clip_grad, loss_scale):
+    """ZeRO-1/2's clipping without its host sync: the same gradients, bit for bit, for norms under and over
+    the clip, DeepSpeed's -1 sentinel, NaN and inf, flat and partitioned gradient groups."""
+    import torch
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    from hibert.runtime.host_syncs import unscale_and_clip_grads
+
+    def groups():
+        g = torch.Generator().manual_seed(0)
+        return [torch.randn(7, generator=g) * 3, [torch.randn(3, generator=g), torch.full((2,), float("nan"))]]
+
+    opt = SimpleNamespace(clip_grad=clip_grad, loss_scale=loss_scale, device=torch.device("cpu"))
+    for norm in (0.25, 3.0, 2e5, -1.0, float("nan"), float("inf")):
+        ours, theirs = groups(), groups()
+        unscale_and_clip_grads(opt, ours, torch.tensor(norm))
+        DeepSpeedZeroOptimizer.unscale_and_clip_grads(opt, theirs, torch.tensor(norm))
+        for a, b in zip([ours[0], *ours[1]], [theirs[0], *theirs[1]]):
+            assert torch.equal(a, b) or torch.allclose(a, b, rtol=0, atol=0, equal_nan=True), (norm, a, b)
+
+
+def test_a_single_process_asks_no_collective_for_the_preemption_flag():
+    """Asked at every step: with one process it reads the flag and nothing else (no tensor, no device)."""
+    from hibert.runtime.preemption import PreemptionFlag
+
+    flag = PreemptionFlag()
+    assert flag.agreed() is False
+    flag.signal_name = "SIGUSR1"
+    assert flag.agreed() is True
+
+
+def test_compiled_layers_give_the_eager_loss_and_gradients():
+    """deepspeed.torch_compile: every Transformer layer compiled in place (parameter names unchanged), the
+    pretraining loss and gradients as eager. The graph capture is what is checked here (aot_eager: dynamo and
+    AOTAutograd without code generation); the GPU suite compiles with inductor (tests/test_runtime_cuda.py)."""
+    import torch
+
+    from hibert.config.model import ModelConfig
+    from hibert.modeling import HibertForPretraining, make_pretrain_batch
+    from hibert.runtime.compile import compile_layers
+    from hibert.tokens import MASK_ID
+
+    cfg = ModelConfig(name="t", vocab_size=40, hidden=16, layers=1, heads=2, dropout=0.0, max_positions=32)
+    words = [[[6, 7, 8, 9], [10, 11, 12], [13, 14]], [[15, 16, 17, 18, 19], [20, 21]]]
+    masked = [[[MASK_ID] * 4, *d[1:]] if i == 0 else [d[0], [MASK_ID] * 2] for i, d in enumerate(words)]
+    batch = make_pretrain_batch(masked, [[0], [1]], [[words[0][0]], [words[1][1]]])
+    torch.manual_seed(0)
+    eager = HibertForPretraining(cfg).train()
+    compiled = HibertForPretraining(cfg).train()
+    compiled.load_state_dict(eager.state_dict())
+    assert compile_layers(compiled, backend="aot_eager") == 3   # sentence, document, decoder: one layer each
+    assert list(compiled.state_dict()) == list(eager.state_dict())
+    want, got = (m(batch).loss for m in (eager, compiled))
+    torch.autograd.backward([want, got])
+    torch.testing.assert_close(got, want)
+    grads = {name: p.grad for name, p in eager.named_parameters()}
+    for name, p in compiled.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name], msg=name)
+
+
+def test_the_bf16_overflow_check_is_a_switch():
+    """deepspeed.check_finite_grads=false: no per-step overflow check (DeepSpeed's bf16.check_grad_overflow);
+    the default leaves DeepSpeed's JSON as it was."""
+    from hibert.config import load_config
+    from hibert.runtime.engine import deepspeed_config
+
+    on = deepspeed_config(load_config(None, []), "bf16")
+    off = deepspeed_config(load_config(None, ["deepspeed.check_finite_grads=false"]), "bf16")
+    assert on["bf16"] == {"enabled": True} and off["bf16"] == {"enabled": True, "check_grad_overflow": False}
+    assert deepspeed_config(load_config(None, ["deepspeed.check_finite_grads=false"]), "fp32")["bf16"] == {
+        "enabled": False}

@@ -86,6 +86,14 @@ class DeepSpeedConfig(Section):
     contiguous_gradients: bool = True
     reduce_bucket_size: int = Field(50_000_000, ge=1)
     stage3_gather_16bit_weights_on_model_save: bool = False
+    # bf16: skip a step whose gradients are not finite. DeepSpeed's check reads a flag back from the device at
+    # every step (a host sync that stops the host queueing the next step's kernels); off, a non-finite gradient
+    # reaches the weights and the step log's loss and grad_norm show it. fp16 always checks (its loss scaling
+    # needs it); fp32 never does.
+    check_finite_grads: bool = True
+    # torch.compile each Transformer layer (as torchtitan compiles each block); off until a GPU run measures it
+    # faster than eager (benchmarks/device_suite.sh step 3 runs both)
+    torch_compile: bool = False
     extra: dict[str, Any] = Field(default_factory=dict)  # merged last into the DeepSpeed JSON
 
     @field_validator("extra")

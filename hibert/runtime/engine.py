@@ -17,6 +17,7 @@ import torch
 
 from hibert.config import Config
 from hibert.runtime.dist_env import detect_dist_env
+from hibert.runtime.host_syncs import remove_clip_sync
 from hibert.runtime.launch import free_port
 from hibert.runtime.schedule import lr_multiplier
 from hibert.runtime.task import ParamGroup, decay_groups
@@ -29,6 +30,9 @@ class Runtime:
     world_size: int
     device: torch.device
     precision: str
+    # host-side collectives at every step (the preemption flag) beside NCCL: a gloo group, so that asking them
+    # never waits for the device; None where the default group is gloo already (CPU) or there is one rank
+    control_group: Any = None
 
     @property
     def is_main(self) -> bool:
@@ -67,7 +71,12 @@ def init_distributed(cfg: Config) -> Runtime:
     precision = resolve_precision(cfg.deepspeed.precision)
     if precision == "fp16" and not cuda:
         raise ValueError("deepspeed.precision=fp16 needs a GPU; use bf16 or fp32 on CPU")
-    return Runtime(env.rank, env.local_rank, env.world_size, device, precision)
+    control = None
+    if cuda and env.world_size > 1:
+        import torch.distributed as dist
+
+        control = dist.new_group(backend="gloo", timeout=timeout)   # collective: every rank makes it here
+    return Runtime(env.rank, env.local_rank, env.world_size, device, precision, control)
 
 
 def deepspeed_config(cfg: Config, precision: str) -> dict[str, Any]:
@@ -97,6 +106,8 @@ def deepspeed_config(cfg: Config, precision: str) -> dict[str, Any]:
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
     }
+    if precision == "bf16" and not ds.check_finite_grads:   # DeepSpeed's bf16 overflow check, per step
+        out["bf16"]["check_grad_overflow"] = False
     if ds.offload_optimizer != "none":
         out["optimizer"] = {"type": "AdamW", "params": {
             "lr": cfg.optimizer.lr, "betas": list(cfg.optimizer.betas), "eps": cfg.optimizer.eps,
@@ -138,4 +149,5 @@ def build_engine(cfg: Config, model: torch.nn.Module, rt: Runtime, groups: list[
     engine, _, _, _ = deepspeed.initialize(
         model=model, optimizer=opt, model_parameters=None if opt is not None else torch_groups,
         lr_scheduler=scheduler, config=ds_cfg, dist_init_required=False)
+    remove_clip_sync(engine.optimizer)
     return engine

@@ -24,11 +24,14 @@ class PreemptionFlag:
     def _handler(self, signum, _frame) -> None:
         self.signal_name = signal.Signals(signum).name
 
-    def agreed(self, device: torch.device) -> bool:
-        """Collective: True on every rank if any rank was signalled."""
-        t = torch.tensor([1 if self.signal_name else 0], dtype=torch.int32, device=device)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    def agreed(self, group: dist.ProcessGroup | None = None) -> bool:
+        """Collective: True on every rank if any rank was signalled. Asked at every step boundary, so it must
+        not wait for the device: the flag is reduced on the host, over `group` (a gloo group beside NCCL; None:
+        the default group, gloo on CPU), and a single process asks no one."""
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            return self.signal_name is not None
+        t = torch.tensor([1 if self.signal_name else 0], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
         return bool(t.item())
 
 

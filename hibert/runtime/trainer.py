@@ -19,6 +19,7 @@ from hibert.config import Config, config_hash, save_resolved
 from hibert.redact import redact_uri
 from hibert.runtime.batching import BatchPlan, doc_costs, plan_epoch
 from hibert.runtime.checkpoint import CheckpointManager
+from hibert.runtime.compile import compile_layers
 from hibert.runtime.engine import Runtime, build_engine
 from hibert.runtime.export import InitModel
 from hibert.runtime.loader import make_loader
@@ -98,6 +99,10 @@ class Trainer:
         torch.manual_seed(cfg.run.seed)  # identical init on every rank
         self.model = task.build_model()
         task.init_from(self.model, init)   # run.init, the same way for every task
+        if cfg.deepspeed.torch_compile:
+            n = compile_layers(self.model)
+            if rt.is_main:
+                log.info("torch.compile: %d Transformer layers (compiled at their first batches)", n)
         groups = [g for g in task.param_groups(self.model, cfg) if g.params]
         self.engine = build_engine(cfg, self.model, rt, groups)
         # groups with their own lr (e.g. encoder / decoder): one lr_<prefix> metric each
@@ -247,7 +252,7 @@ class Trainer:
             self.state.early_stopped = True   # in every checkpoint from here: a resume does not train
         if self.checkpointer.due(step):
             self._save(step)
-        if self.flag.agreed(self.rt.device):   # even at an early stop: the resume publishes (see fit)
+        if self.flag.agreed(self.rt.control_group):   # even at an early stop: the resume publishes (see fit)
             status = "preempted"
         return status
 
