@@ -19,11 +19,14 @@ Views of `hibert compare --results` files (schema hibert-results/1, docs/results
                 say ("no measurable difference" where it crosses 0, else "higher" / "lower")
   positions     % of each extracting system's picks at sentence 1, 2, ..., 10+ (its seeds' reports summed)
 Views of benchmark JSON (benchmarks/results/*.json): the names in BENCH_VIEWS, each a list of rows (a path into
-the file) and columns (a key under the row and its format), rendered by one generic renderer.
+the file) and columns (a key under the row and its format), rendered by one generic renderer. A path is dotted
+keys, list positions or `key=value&key=value` (the list's element whose fields are those); a row or a column given
+as a tuple of paths reads a tuple (a row that joins two objects of the file; a cell of two values, as a ratio).
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import json
 import re
@@ -142,22 +145,27 @@ RESULT_VIEWS: dict[str, Callable[[dict[str, Any]], tuple[list[str], list[str]]]]
 # ------------------------------------------------------------------ benchmark JSON
 
 def millions(x: float) -> str:
-    return f"{x / 1e6:.3g}M"
+    return f"{x / 1e6:#.3g}".rstrip(".") + "M"      # 1.54M, 33.0M, 158M
+
+
+def fixed(digits: int) -> Callable[[float], str]:
+    return lambda x: f"{x:.{digits}f}"
 
 
 @dataclass(frozen=True)
 class BenchView:
-    """A table of benchmark JSON: `rows` are (label, file index, dotted path to the row's object), `columns`
-    (header, dotted key under the row's object, format); `command` the script and the `args` keys it shows."""
+    """A table of benchmark JSON: `rows` are (label, file index, path to the row's object), `columns` (header,
+    path under the row's object, format); a tuple of paths reads a tuple. `command`: the script and the `args` keys
+    it shows."""
     corner: str
-    rows: tuple[tuple[str, int, str], ...]
-    columns: tuple[tuple[str, str, Callable[[Any], str]], ...]
+    rows: tuple[tuple[str, int, str | tuple[str, ...]], ...]
+    columns: tuple[tuple[str, str | tuple[str, ...], Callable[[Any], str]], ...]
     script: str = ""
     command: tuple[str, ...] = ()
 
     def render(self, files: list[dict[str, Any]]) -> list[str]:
         return table([self.corner, *(c[0] for c in self.columns)],
-                     [[label, *(fmt(lookup(lookup(files[i], path), key)) for _, key, fmt in self.columns)]
+                     [[label, *(fmt(pick(pick(files[i], path), key)) for _, key, fmt in self.columns)]
                       for label, i, path in self.rows])
 
     def command_line(self, data: dict[str, Any]) -> str | None:
@@ -168,17 +176,55 @@ class BenchView:
             return None
         argv = ["python", self.script]
         for key in self.command:
-            value = str(args.get(key))
-            if value in ("False", "None", ""):
+            value = args.get(key)
+            if str(value) in ("False", "None", "", "[]"):
                 continue
-            argv += [f"--{key.replace('_', '-')}"] + ([] if value == "True" else [value])
+            if isinstance(value, list):            # nargs, in a JSON list: --workers 0 1 2
+                values = [str(v) for v in value]
+            elif str(value).startswith("["):       # a comma option the script split, recorded as str(list)
+                values = [",".join(str(v) for v in ast.literal_eval(value))]
+            else:
+                values = [] if str(value) == "True" else [str(value)]
+            argv += [f"--{key.replace('_', '-')}", *values]
         return " ".join(argv)
 
 
 def lookup(obj: Any, path: str) -> Any:
     for part in path.split(".") if path else []:
-        obj = obj[int(part)] if isinstance(obj, list) else obj[part]
+        if isinstance(obj, list) and "=" in part:
+            want = dict(cond.split("=", 1) for cond in part.split("&"))
+            obj = next((x for x in obj if all(str(x.get(k)) == v for k, v in want.items())), None)
+            if obj is None:
+                raise KeyError(part)
+        else:
+            obj = obj[int(part)] if isinstance(obj, (list, tuple)) else obj[part]
     return obj
+
+
+def pick(obj: Any, path: str | tuple[str, ...]) -> Any:
+    return tuple(lookup(obj, p) for p in path) if isinstance(path, tuple) else lookup(obj, path)
+
+
+# bench_generate.py --profile: (the page's name, the profiler's category in the file)
+PROFILE_ROWS = (("encoder pass", "encoder pass"), ("output projection (32,000 columns)", "output projection (V columns)"),
+                ("decoder linear layers", "linear layers"),
+                ("cross-attention matmuls (q K^T, p V)", "cross-attention matmuls (q K^T, p V)"),
+                ("self-attention (SDPA)", "fused attention (SDPA)"), ("log-softmax, softmax", "log-softmax and softmax"),
+                ("copies, gathers", "copies, gathers, cache reorder"),
+                ("masks, fills, elementwise", "masks, fills, elementwise"),
+                ("views, reshapes, other small ops", "views, reshapes, other small ops"),
+                ("outside operators (Python, dispatch)", "outside operators (Python, dispatch)"),
+                ("wall, profiler off", "wall (profiler off)"))
+GENERATE_ARGS = ("device", "dtype", "size", "batch", "cross", "profile", "skip")
+OVERLAP_KEYS = ("tokens_per_s_no_overlap", "efficiency_no_overlap", "tokens_per_s_overlap", "efficiency_overlap")
+
+
+def overlap_rates(v: tuple[float, float, float, float]) -> str:
+    """project_scaling.py's tokens/s without and with overlap, each with the compute's share of its step where
+    communication takes any; one rate where nothing overlaps (one GPU, ZeRO-1)."""
+    def rate(tokens: float, share: float) -> str:
+        return millions(tokens) + (f" ({share:.0%})" if share < 0.995 else "")
+    return rate(v[0], v[1]) if v[0] == v[2] else f"{rate(v[0], v[1])} / {rate(v[2], v[3])}"
 
 
 BENCH_VIEWS: dict[str, BenchView] = {
@@ -206,6 +252,45 @@ BENCH_VIEWS: dict[str, BenchView] = {
                  ("end", "state", str), ("encoder bit-identical", "identical", lambda x: "yes" if x else "NO"),
                  ("uninterrupted", "reference_s", lambda x: f"{x:.1f} s"),
                  ("interrupted", "soak_s", lambda x: f"{x:.1f} s"))),
+    "generate-cpu-profile": BenchView(
+        corner="",
+        rows=tuple((label, 0, (f"results.profile.batch1.{key}", f"results.profile.batch16.{key}"))
+                   for label, key in PROFILE_ROWS),
+        columns=(("batch 1", "0", fixed(0)), ("batch 16", "1", fixed(0)),
+                 ("shared", ("0", "1"), lambda v: f"{v[0] / v[1]:.1f}×")),
+        script="benchmarks/bench_generate.py", command=GENERATE_ARGS),
+    "generate-cuda-profile": BenchView(
+        corner="",
+        rows=tuple((f"{cross}, batch {batch}", i, f"results.cuda_profile.{cross.lower()}_batch{batch}")
+                   for cross, batch, i in (("flat", 1, 0), ("flat", 64, 0), ("flat", 256, 1), ("PHT", 1, 0),
+                                           ("PHT", 64, 0))),
+        columns=(("wall ms", "wall_ms_per_step", fixed(1)), ("GPU busy ms", "gpu_busy_ms_per_step", fixed(1)),
+                 ("kernels", "kernels_per_step", fixed(0)), ("host syncs", "host_syncs_per_step", fixed(1))),
+        script="benchmarks/bench_generate.py", command=GENERATE_ARGS),
+    "loader": BenchView(
+        corner="stage",
+        rows=(("`make_item` alone, one core (shard reads, masking, packing, FLOP accounting)", 0,
+               "rows.stage=make_item"),
+              ("DataLoader, 1 worker (make_item + hand-over)", 0, "rows.stage=loader w=1"),
+              ("DataLoader, 2 workers (both cores, the consumer included)", 0, "rows.stage=loader w=2")),
+        columns=(("tokens/s (best of the repeats)", "tokens_per_s", lambda x: f"{x / 1e6:.1f}M"),
+                 ("x H100 at 45% MFU", "x_gpu_target", fixed(1))),
+        script="benchmarks/bench_loader.py", command=("dataset", "workers", "repeats", "pin")),
+    "scaling": BenchView(
+        corner="GPUs",
+        rows=tuple((label, 0, (f"rows.compute=measured&gpus={gpus}&zero={zero}",
+                               f"rows.compute=at 45% MFU&gpus={gpus}&zero={zero}"))
+                   for label, gpus, zeros in (("1", 1, "-"), ("8 (1 node)", 8, "123"), ("32 (4×8)", 32, "123"))
+                   for zero in zeros),
+        columns=(("ZeRO", "0.zero", lambda z: "–" if z == "-" else str(z)),
+                 ("comm / step", "0.comm_s", lambda x: f"{x * 1e3:.1f} ms" if x else "–"),
+                 ("tokens/s, measured step: no overlap / overlap",
+                  tuple(f"0.{k}" for k in OVERLAP_KEYS), overlap_rates),
+                 ("at 45% MFU: no overlap / overlap", tuple(f"1.{k}" for k in OVERLAP_KEYS), overlap_rates),
+                 ("GIGA-CM epoch (overlap): measured / 45%",
+                  ("0.giga_cm_epoch_h_overlap", "1.giga_cm_epoch_h_overlap"),
+                  lambda h: f"{h[0] * 60:.2g} / {h[1] * 60:.2g} min")),
+        script="benchmarks/project_scaling.py", command=("measured", "nvlink_gbs", "ib_gbs", "accum", "target_mfu")),
 }
 
 
@@ -218,6 +303,9 @@ def bench_made_line(view: BenchView, files: list[dict[str, Any]], source: str) -
         if machine.get("commit") and command:
             dirty = " (with uncommitted changes)" if machine.get("tracked_changes") else ""
             parts.append(f"Made at commit {short(machine['commit'])}{dirty} by `{command}` ({name}).")
+        elif command:
+            parts.append(f"Made by `{command}` ({name}, which does not record the commit it ran at: the text "
+                         "names it).")
         else:
             missing = " and ".join(w for w, v in (("the commit", machine.get("commit")), ("the command", command))
                                    if not v)

@@ -178,6 +178,45 @@ def test_benchmark_views_and_bad_blocks(tmp_path, monkeypatch, capsys):
         capsys.readouterr().err
 
 
+def test_benchmark_rows_join_objects_select_list_elements_and_derive_cells(tmp_path):
+    """A row of two paths reads both objects (the CPU profile's batch 1 and 16 and their ratio); `key=value&...`
+    picks a list's element by its fields; list-valued arguments show as the script takes them."""
+    tables = _tables()
+    bench = tmp_path / "benchmarks" / "results"
+    bench.mkdir(parents=True)
+    ops = {key: 10.0 for _, key in tables.PROFILE_ROWS}
+    args = {"device": "cpu", "dtype": "fp32", "size": "small", "batch": "16", "cross": "['flat', 'pht']",
+            "profile": "True", "skip": "throughput,cache,memory"}
+    (bench / "p.json").write_text(json.dumps({"machine": {"commit": C1}, "args": args, "results": {"profile": {
+        "batch1": {**ops, "encoder pass": 54.4}, "batch16": {**ops, "encoder pass": 46.3}}}}))
+    block = tables.render_block(tmp_path, "benchmarks/results/p.json", "generate-cpu-profile").splitlines()
+    assert block[0] == "|  | batch 1 | batch 16 | shared |"
+    assert "| encoder pass | 54 | 46 | 1.2× |" in block and "| wall, profiler off | 10 | 10 | 1.0× |" in block
+    assert block[-1] == (f"Made at commit {C1[:7]} by `python benchmarks/bench_generate.py --device cpu --dtype fp32 "
+                         "--size small --batch 16 --cross flat,pht --profile --skip throughput,cache,memory` "
+                         "(benchmarks/results/p.json).")
+
+    rows = {"rows": [{"stage": "make_item", "x": 1}, {"stage": "loader w=1", "zero": 2, "x": 2},
+                     {"stage": "loader w=1", "zero": 3, "x": 3}]}
+    assert tables.lookup(rows, "rows.stage=loader w=1.x") == 2            # the first that matches
+    assert tables.lookup(rows, "rows.stage=loader w=1&zero=3.x") == 3
+    assert tables.pick(rows, ("rows.0.x", "rows.stage=loader w=1&zero=3.x")) == (1, 3)
+    with pytest.raises(KeyError):
+        tables.lookup(rows, "rows.stage=loader w=9")
+    loader = {"args": {"dataset": "/tmp/news", "workers": [0, 1, 2], "repeats": 3, "pin": False},
+              "rows": [{"stage": s, "tokens_per_s": 5.68e6, "x_gpu_target": 4.148}
+                       for s in ("make_item", "loader w=1", "loader w=2")]}
+    (bench / "l.json").write_text(json.dumps(loader))
+    block = tables.render_block(tmp_path, "benchmarks/results/l.json", "loader").splitlines()
+    assert block[3] == "| DataLoader, 1 worker (make_item + hand-over) | 5.7M | 4.1 |"
+    assert block[-1] == ("Made by `python benchmarks/bench_loader.py --dataset /tmp/news --workers 0 1 2 --repeats 3` "
+                         "(benchmarks/results/l.json, which does not record the commit it ran at: the text names it).")
+    # project_scaling's rates: one where nothing overlaps, the compute's share where communication takes any
+    assert tables.overlap_rates((6.35e6, 0.98, 6.35e6, 0.98)) == "6.35M (98%)"
+    assert tables.overlap_rates((20.1e6, 0.776, 25.9e6, 1.0)) == "20.1M (78%) / 25.9M"
+    assert [tables.millions(x) for x in (809449, 33.02e6, 158.4e6)] == ["0.809M", "33.0M", "158M"]
+
+
 def test_the_positions_of_each_systems_picks_are_summed_over_its_seeds(tmp_path):
     """`picked_positions`: a system's report.json `positions` summed over its seeds' reports (its own row of each);
     the `positions` view: % of its picks at each sentence position."""
