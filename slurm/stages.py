@@ -109,11 +109,15 @@ def expand_seeds(stages: list[SlurmStage], seeds: list[int], run_name: str) -> l
     and schedule.seed=S (the batches' order and masks) and
     run.name=<its run name>-seed<S> (so an evaluate stage finds its finetune run of the same seed); only the
     first seed's finetune registers a model (a later stage reading the alias gets that one). `after` follows:
-    a seeded stage waits for the same seed's copy of a seeded stage; any other waits for every copy."""
+    a seeded stage waits for the same seed's copy of a seeded stage; any other waits for every copy. A stage
+    that waits for the one before it (no `after`) gets that stage named first: after the expansion "the one
+    before" would be another seed's copy (evaluate seed 1 after finetune seed 3)."""
     if not seeds:
         return stages
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"slurm.seeds {seeds}: a seed is repeated")
+    stages = [st.model_copy(update={"after": [stages[i - 1].name]}) if st.after is None and i > 0 else st
+              for i, st in enumerate(stages)]
     seeded = {st.name for st in stages if st.command in SEEDED}
     out: list[SlurmStage] = []
     for st in stages:

@@ -316,6 +316,7 @@ def test_seeds_repeat_finetune_and_evaluate_stages():
     """slurm.seeds: each finetune/evaluate stage once per seed, its run named <run.name>-seed<S>, the same
     seed's evaluate after it; pretraining stays one run; only the first seed registers."""
     from hibert.config.ops import SlurmStage
+    from hibert.slurm.chain import dependency_closure
     from hibert.slurm.stages import expand_seeds
 
     stages = [SlurmStage(name="pre", command="pretrain", overrides=["run.name=pre"]),
@@ -323,17 +324,26 @@ def test_seeds_repeat_finetune_and_evaluate_stages():
               SlurmStage(name="ev", command="evaluate", overrides=["run.name=ext"], after=["ft"]),
               SlurmStage(name="ft-abs", command="finetune", after=["pre"]),
               SlurmStage(name="report", command="evaluate", recipe="x", after=[]),
-              SlurmStage(name="merge", command="prep-merge", after=["ft"])]
+              SlurmStage(name="merge", command="prep-merge", after=["ft"]),
+              SlurmStage(name="ft2", command="finetune", after=["pre"]),
+              SlurmStage(name="ev2", command="evaluate"),      # after the stage before it: ft2
+              SlurmStage(name="tail", command="prep-merge")]  # after every copy of ev2
     out = {s.name: s for s in expand_seeds(stages, [7, 8], "demo")}
     assert list(out) == ["pre", "ft-seed7", "ft-seed8", "ev-seed7", "ev-seed8", "ft-abs-seed7", "ft-abs-seed8",
-                         "report-seed7", "report-seed8", "merge"]
+                         "report-seed7", "report-seed8", "merge", "ft2-seed7", "ft2-seed8", "ev2-seed7",
+                         "ev2-seed8", "tail"]
+    # not "the stage before it" once expanded (ft2-seed8, then ev2-seed7): its own seed's finetune
+    assert out["ev2-seed7"].after == ["ft2-seed7"] and out["tail"].after == ["ev2-seed7", "ev2-seed8"]
+    assert out["ft-seed7"].after == ["pre"]
+    closure = dependency_closure(list(out.values()))
+    assert closure["ev2-seed7"] == {"ft2-seed7", "pre"}
     assert out["ft-seed8"].overrides == ["run.name=ext", "run.seed=8", "schedule.seed=8", "run.name=ext-seed8",
                                          "tracking.register_model=false"]
     assert "tracking.register_model=false" not in out["ft-seed7"].overrides
     assert out["ev-seed8"].after == ["ft-seed8"] and out["ev-seed8"].overrides[-1] == "run.name=ext-seed8"
     assert out["ft-abs-seed7"].after == ["pre"] and out["ft-abs-seed7"].overrides[-1] == "run.name=demo-seed7"
     assert out["merge"].after == ["ft-seed7", "ft-seed8"] and out["pre"].overrides == ["run.name=pre"]
-    assert expand_seeds(stages, [], "demo") == stages
+    assert expand_seeds(stages, [], "demo") == stages   # no seeds: the chain as written
     with pytest.raises(ValueError, match="repeated"):
         expand_seeds(stages, [1, 1], "demo")
     cfg = load_config("demo", ["slurm.seeds=[1,2,3]"])

@@ -17,11 +17,12 @@ SEEDS=(1 2 3)
 
 # pretraining seed 1234 (the recipe's): every CNN/DM arm
 "$PY" -m hibert.demo pretrain-gain --seeds 1,2,3 \
-    --stages ev-cnndm-random,ev-cnndm-in-only,ev-cnndm-open-in > "$OUT/gain.log" 2>&1
+    --stages ft-cnndm-random,ev-cnndm-random,ft-cnndm-in-only,ev-cnndm-in-only,ft-cnndm-open-in,ev-cnndm-open-in \
+    > "$OUT/gain.log" 2>&1
 # pretraining seeds 2 and 3: the staged (open + in-domain) encoder and its finetunings
 for P in 2 3; do
   "$PY" -m hibert.demo pretrain-gain "run.output_dir=$OUT/gain-p$P" "run.seed=$P" "schedule.seed=$P" --seeds 1,2,3 \
-      --stages ev-cnndm-open-in > "$OUT/gain-p$P.log" 2>&1
+      --stages ft-cnndm-open-in,ev-cnndm-open-in > "$OUT/gain-p$P.log" 2>&1
 done
 
 sys() { local name=$1 dir=$2 arm=$3; for S in "${SEEDS[@]}"; do echo "$name=$dir/ft-cnndm-$arm-seed$S"; done; }
