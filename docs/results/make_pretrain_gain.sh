@@ -5,8 +5,8 @@
 # the in-domain-only encoder pretrained once and the random-init extractor (it does not depend on a pretraining
 # seed), each finetuned with seeds 1, 2, 3; all evaluated on the 50 CNN/DM test documents. The BBC arms of the
 # recipe are not run here. One comparison is written to docs/results/pretrain-gain-cnndm.json and rendered into
-# docs/experiments.md by docs/tables.py. About 2 h 15 min on 2 CPU cores (the first folder ~70 min: three
-# pretrainings and nine finetunings; each further pretraining seed ~35 min).
+# docs/experiments.md by docs/tables.py. About 1 h 30 min on 2 CPU cores (the first folder ~40 min: three
+# pretrainings and nine finetunings; each further pretraining seed ~23 min).
 #
 #   bash docs/results/make_pretrain_gain.sh      # runs/gain (the recipe's folder), runs/gain-p2, runs/gain-p3
 set -euo pipefail
