@@ -26,7 +26,7 @@ sys() { local name=$1 dir=$2 arm=$3; for S in "${SEEDS[@]}"; do echo "$name=$dir
 # shellcheck disable=SC2046
 .venv/bin/hibert compare $(sys random "$OUT/absgain" random) $(sys hibert "$OUT/absgain" hibert) \
     $(sys hibert "$OUT/absgain-p2" hibert) $(sys hibert "$OUT/absgain-p3" hibert) \
-    "lead3=$OUT/absgain/abs-cnndm-random-seed1#lead3" \
+    "lead3=$OUT/absgain/abs-cnndm-random-seed1#lead3" "oracle=$OUT/absgain/abs-cnndm-random-seed1#oracle" \
     --split test --results docs/results/abstractive-gain-cnndm.json > "$OUT/compare-abstractive-gain-cnndm.txt"
 "$PY" docs/tables.py
 echo "made at $(git rev-parse --short HEAD): docs/results/abstractive-gain-cnndm.json, docs/experiments.md"
