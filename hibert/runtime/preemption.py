@@ -30,7 +30,10 @@ class PreemptionFlag:
         the default group, gloo on CPU), and a single process asks no one."""
         if not (dist.is_initialized() and dist.get_world_size() > 1):
             return self.signal_name is not None
-        t = torch.tensor([1 if self.signal_name else 0], dtype=torch.int32)
+        # without a host-side group, NCCL reduces device tensors only (a sync, but the flag still agreed)
+        on_device = group is None and dist.get_backend() == "nccl"
+        t = torch.tensor([1 if self.signal_name else 0], dtype=torch.int32,
+                         device=torch.device("cuda", torch.cuda.current_device()) if on_device else None)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
         return bool(t.item())
 
