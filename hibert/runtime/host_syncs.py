@@ -2,7 +2,7 @@
 
 A host sync (`.item()`, `bool(tensor)`) makes the host wait for the device to drain before it queues the next
 step's kernels: on a GPU the launch overhead of the next step is then no longer hidden under this step's
-kernels. ZeRO-1/2 (DeepSpeed >= 0.16) asks `bool(norm is invalid)` in `unscale_and_clip_grads` at every step
+kernels. ZeRO-1/2 (read in DeepSpeed 0.19) asks `bool(norm is invalid)` in `unscale_and_clip_grads` at every step
 with gradient clipping on; the replacement here computes the same scale on the device with `torch.where`.
 DeepSpeed's other per-step sync, the bf16 overflow check, is the `deepspeed.check_finite_grads` switch.
 """
@@ -35,8 +35,8 @@ def unscale_and_clip_grads(self: Any, grad_groups_flat: list, total_norm: Any) -
 
 
 def remove_clip_sync(optimizer: Any) -> bool:
-    """Give a ZeRO-1/2 optimizer the sync-free clipping. Returns whether it applied (other optimizers:
-    ZeRO-3's clipping has no sync; stage 0 and the CPU-offload Adam keep theirs)."""
+    """Give a ZeRO-1/2 optimizer the sync-free clipping. Returns whether it applied (ZeRO-3's clipping has no
+    sync; stage 0's bf16/fp16 optimizers keep their own; with CPU offload the norm was read back already)."""
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer  # lazy: deepspeed imports slowly
 
     if not isinstance(optimizer, DeepSpeedZeroOptimizer) or not hasattr(DeepSpeedZeroOptimizer,
