@@ -227,6 +227,36 @@ def overlap_rates(v: tuple[float, float, float, float]) -> str:
     return rate(v[0], v[1]) if v[0] == v[2] else f"{rate(v[0], v[1])} / {rate(v[2], v[3])}"
 
 
+GIGA_CM_WORDS = 2_854e6   # Zhang et al. 2019, §4.1 (as benchmarks/project_scaling.py)
+NODE_CORES = (32, 16 * 32)
+
+
+@dataclass(frozen=True)
+class PrepProjection(BenchView):
+    """GIGA-CM's prep cost from two measurements: the whole of prep per core at the largest corpus of
+    bench_scale.py (with the spaCy-variant segmenter) and both segmenters alone (bench_segment.py). With the
+    neural segmenter each word costs prep's time less the spaCy variant's segmentation plus the neural one's."""
+
+    def render(self, files: list[dict[str, Any]]) -> list[str]:
+        scale, segment = files
+        size = max(scale["sizes"], key=lambda k: scale["sizes"][k]["prep"][0]["words"])
+        prep = scale["sizes"][size]["prep"][0]["words_per_s_per_core"]
+        seg = {name: row["words_per_s_per_core"] for name, row in segment["rows"].items()}
+        spacy = next(v for k, v in seg.items() if k.startswith("spacy"))
+        rows = []
+        for name, rate in seg.items():
+            whole = prep if rate == spacy else 1 / (1 / prep - 1 / spacy + 1 / rate)
+            core_h = GIGA_CM_WORDS / whole / 3600
+            rows.append([name, f"{whole:,.0f}", f"{core_h:.1f}",
+                         *(duration(core_h / cores) for cores in NODE_CORES)])
+        return table([self.corner, "words/s/core, whole of prep", "core-hours",
+                      *(f"{c} cores" for c in NODE_CORES)], rows)
+
+
+def duration(hours: float) -> str:
+    return f"{hours:.1f} h" if hours >= 1 else f"{hours * 60:.1f} min"
+
+
 BENCH_VIEWS: dict[str, BenchView] = {
     "scale-prep": BenchView(
         corner="corpus",
@@ -276,6 +306,14 @@ BENCH_VIEWS: dict[str, BenchView] = {
         columns=(("tokens/s (best of the repeats)", "tokens_per_s", lambda x: f"{x / 1e6:.1f}M"),
                  ("x H100 at 45% MFU", "x_gpu_target", fixed(1))),
         script="benchmarks/bench_loader.py", command=("dataset", "workers", "repeats", "pin")),
+    "prep-projection": PrepProjection(corner="segmenter", rows=(), columns=()),
+    "summarize": BenchView(
+        corner="run",
+        rows=tuple((f"{n} process{'es' if n > 1 else ''}, {x}×", 0, f"runs.{n} process{'es' if n > 1 else ''}, {x}x")
+                   for x in (1, 10) for n in (1, 2)),
+        columns=(("records", "records", count), ("seconds", "seconds", fixed(1)), ("docs/s", "docs_per_s", fixed(1)),
+                 ("steady docs/s", "steady_docs_per_s", fixed(1)), ("peak RSS", "peak_rss_mb", lambda x: f"{x:.0f} MB")),
+        script="benchmarks/bench_summarize.py"),
     "scaling": BenchView(
         corner="GPUs",
         rows=tuple((label, 0, (f"rows.compute=measured&gpus={gpus}&zero={zero}",

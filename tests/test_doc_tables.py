@@ -233,3 +233,21 @@ def test_the_positions_of_each_systems_picks_are_summed_over_its_seeds(tmp_path)
     lines, _ = _tables().positions({"systems": {"pre": {"positions": picked_positions(runs)}, "lead3": {}}})
     assert lines[0] == "| system | picks | sentence 1 | sentence 2 | sentence 3 | sentence 4+ |"
     assert lines[2] == "| pre | 8 | 38 | 25 | 12 | 25 |" and len(lines) == 3
+
+
+def test_prep_projection_adds_the_neural_segmenters_cost_to_prep(tmp_path):
+    """GIGA-CM (2,854M words) from prep at the largest corpus (200,000 words/s/core, spaCy variant) and the
+    segmenters alone (400,000 and 10,000): with the neural one a word costs 1/200k - 1/400k + 1/10k s = 1/9,756 s;
+    core-hours 2,854e6 / rate / 3600 = 3.96 and 81.3; over 32 and 512 cores 7.4 / 0.5 min and 2.5 h / 9.5 min."""
+    tables = _tables()
+    bench = tmp_path / "benchmarks" / "results"
+    bench.mkdir(parents=True)
+    prep = {size: {"prep": [{"words": words, "words_per_s_per_core": rate}]}
+            for size, words, rate in (("10MB", 1e6, 150_000.0), ("1GB", 1e8, 200_000.0))}
+    (bench / "scale.json").write_text(json.dumps({"machine": {}, "sizes": prep}))
+    (bench / "seg.json").write_text(json.dumps({"machine": {}, "rows": {
+        "spacy variant (default)": {"words_per_s_per_core": 400_000.0}, "neural (CPU)": {"words_per_s_per_core": 10_000.0}}}))
+    block = tables.render_block(tmp_path, "benchmarks/results/scale.json+benchmarks/results/seg.json",
+                                "prep-projection").splitlines()
+    assert block[2:4] == ["| spacy variant (default) | 200,000 | 4.0 | 7.4 min | 0.5 min |",
+                          "| neural (CPU) | 9,756 | 81.3 | 2.5 h | 9.5 min |"]
