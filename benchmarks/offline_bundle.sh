@@ -25,8 +25,13 @@ done
 REQS=$("$PY" - "$HERE/pyproject.toml" <<'EOF'
 import sys, tomllib
 deps = tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]
+import importlib.metadata as m
 skip = {"torch", "deepspeed", "rouge-score", "stanza", "spacy", "datasets"}
-print(" ".join(d for d in deps if d.split(">")[0].split("=")[0].split("[")[0].strip().lower() not in skip))
+name = lambda d: d.split(">")[0].split("=")[0].split("[")[0].strip().lower()  # noqa: E731
+# SentencePiece at this machine's version: the tokenizer the device suite trains must be the one the committed CPU
+# reference curve was made with (benchmarks/results/device_suite_reference_cpu.json), whatever the node has
+print(" ".join(f"sentencepiece=={m.version('sentencepiece')}" if name(d) == "sentencepiece" else d
+               for d in deps if name(d) not in skip))
 EOF
 )
 DS_VERSION=$("$PY" -c "import importlib.metadata as m; print(m.version('deepspeed'))")
@@ -47,7 +52,7 @@ src, out, installed = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 norm = lambda s: re.sub(r"[-_.]+", "-", s.strip().lower())  # noqa: E731
 have = {"torch", "triton"} | {norm(n) for n in re.split(r"[,\n]", Path(installed).read_text())
                              if n.strip()} if installed else {"torch", "triton"}
-have = {h.split()[0] for h in have if h}  # `pip list` lines: "name version"
+have = {h.split()[0] for h in have if h} - {"sentencepiece"}  # `pip list` lines: "name version"; see REQS
 kept, size = [], 0
 for whl in sorted(src.glob("*.whl")):
     if norm(whl.name.split("-")[0]) in have or norm(whl.name.split("-")[0]).startswith("nvidia-"):

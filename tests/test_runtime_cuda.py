@@ -23,9 +23,11 @@ def test_clipping_reads_nothing_back_from_the_device():
     for norm in (0.5, 4.0, float("nan")):
         ours, theirs = [torch.randn(1000, device=dev)], None
         theirs = [ours[0].clone()]
+        total = torch.tensor(norm, device=dev)    # a host-to-device copy syncs: made before the check
+        torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")   # any host sync in here raises
         try:
-            unscale_and_clip_grads(opt, ours, torch.tensor(norm, device=dev))
+            unscale_and_clip_grads(opt, ours, total)
         finally:
             torch.cuda.set_sync_debug_mode("default")
         DeepSpeedZeroOptimizer.unscale_and_clip_grads(opt, theirs, torch.tensor(norm, device=dev))

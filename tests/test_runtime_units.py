@@ -1,6 +1,7 @@
 """The runtime API: optimizer groups with their own lr and warmup, the operator's step lines, and the
 refusal to publish a run that took no optimizer step, the refusal of an init export with another (or no)
 tokenizer."""
+import os
 import subprocess
 import sys
 import textwrap
@@ -416,6 +417,28 @@ def test_a_single_process_asks_no_collective_for_the_preemption_flag():
     assert flag.agreed() is False
     flag.signal_name = "SIGUSR1"
     assert flag.agreed() is True
+
+
+def test_a_single_process_agrees_on_a_checkpoint_without_a_collective():
+    """The resume's "loaded on every rank" check: with one process no tensor is reduced (over NCCL a host tensor
+    would raise), so it holds outside any process group."""
+    from hibert.runtime.checkpoint import all_ranks_ok
+
+    assert all_ranks_ok(1) is True and all_ranks_ok(0) is False
+
+
+def test_a_lone_process_exports_the_free_port_it_was_given(monkeypatch):
+    """Two single-process runs on one node each get their own port, and the exported MASTER_PORT is that port
+    (not the default 29500 it was detected with)."""
+    from hibert.runtime import dist_env, engine
+
+    launcher = ("SLURM_", "MASTER_", "OMPI_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    # a copy of the environment without a launcher's variables, put back after the test (it exports RANK ...)
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if not k.startswith(launcher)})
+    monkeypatch.setattr(engine, "free_port", lambda: 41234)
+    env = engine.process_env()
+    assert env.master_port == 41234 and env.world_size == 1
+    assert os.environ["MASTER_PORT"] == "41234" != str(dist_env.DEFAULT_MASTER_PORT)
 
 
 def test_compiled_layers_give_the_eager_loss_and_gradients():

@@ -66,6 +66,17 @@ _EDGE = 1 << 20
 NOT_OURS = "marker not written by this platform"
 
 
+
+def all_ranks_ok(ok: int) -> bool:
+    """Collective: whether every rank's `ok` is 1. One process asks no one; NCCL reduces device tensors only
+    (a CPU tensor there raises "No backend type associated with device type cpu"), gloo host tensors."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return ok == 1
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    flag = torch.tensor([ok], dtype=torch.int64, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return flag.item() == 1
+
 @dataclass
 class Resumable:
     tag: str
@@ -363,9 +374,7 @@ class CheckpointManager:
             except Exception as e:  # corrupt shard content with the right size
                 log.warning("checkpoint %s failed to load (%s); trying an older one", c.path, e)
                 ok = 0
-            flag = torch.tensor([ok], dtype=torch.int64)
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-            if flag.item() == 1:
+            if all_ranks_ok(ok):
                 rng = c.path / f"rng_rank{self.rank:05d}.safetensors"
                 if c.state.get("world_size") == self.world and rng.is_file():
                     load_rng_state(rng)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from hibert.config import Config
-from hibert.runtime.dist_env import detect_dist_env
+from hibert.runtime.dist_env import DistEnv, detect_dist_env
 from hibert.runtime.host_syncs import remove_clip_sync
 from hibert.runtime.launch import free_port
 from hibert.runtime.schedule import lr_multiplier
@@ -45,12 +45,19 @@ def resolve_precision(requested: str) -> str:
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
 
 
-def init_distributed(cfg: Config) -> Runtime:
-    """Map the launcher's environment (torchrun, deepspeed, srun, or none) to ranks and init the group."""
+def process_env() -> DistEnv:
+    """The launcher's ranks, exported as torch's `env://` variables. A lone process with no MASTER_PORT gets a free
+    port, so that two single-process runs on one node do not both wait on the default one."""
     env = detect_dist_env()
     if env.world_size == 1 and "MASTER_PORT" not in os.environ and env.launcher == "single":
         os.environ["MASTER_PORT"] = str(free_port())
-    env.export()
+        env = detect_dist_env()
+    return env.export()
+
+
+def init_distributed(cfg: Config) -> Runtime:
+    """Map the launcher's environment (torchrun, deepspeed, srun, or none) to ranks and init the group."""
+    env = process_env()
     cuda = torch.cuda.is_available()
     if not cuda:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
