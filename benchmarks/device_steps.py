@@ -56,9 +56,10 @@ HOST_SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchr
 # packing, a silent bf16/TF32 path) moves it by more than 1% within a few steps.
 FP32_CURVE_RTOL = 0.005
 # bf16 against fp32 on the GPU, the end of the curve (mean of the last 3 steps): bf16 rounds each value to 8 bits of
-# mantissa (~0.4%), but a loss averages ~1e4 token terms and the master weights, gradients' reduction and Adam stay
-# fp32 (DeepSpeed bf16), so over a short run the curves stay within a few tenths of a percent; an overflow, a lost
-# gradient or a half-precision optimizer shows as several percent.
+# mantissa (~0.4%), but a loss averages ~1e4 token terms and the master weights and Adam stay fp32 (DeepSpeed's
+# ZeRO-1/2 bf16; its gradients are bf16 — `data_types.grad_accum_dtype` unset — which one GPU and one micro-batch
+# per step do not accumulate), so over a short run the curves stay within a few tenths of a percent; an overflow,
+# a lost gradient or a half-precision optimizer shows as several percent.
 BF16_END_RTOL = 0.01
 # Step 6 on CUDA: some kernels accumulate with atomics (embedding / index_add / attention backward), so even two
 # uninterrupted runs differ in their last bits, and Adam carries that on: the resumed run is compared to the
@@ -491,8 +492,10 @@ def _sync() -> None:
 
 def profile_numbers(prof: Any, steps: int, wall_s: float) -> dict[str, Any]:
     events = prof.key_averages()
-    kernels = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CUDA),
-                     key=lambda e: -e.self_device_time_total)
+    # a user range (record_function: the optimizer's step, inductor's "## Call CompiledFxGraph ##") also gets a GPU
+    # copy spanning its kernels: not a kernel, and counting it counts those kernels twice (torch's own table skips it)
+    kernels = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+                      and not getattr(e, "is_user_annotation", False)), key=lambda e: -e.self_device_time_total)
     cpu_ops = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CPU),
                      key=lambda e: -e.self_cpu_time_total)
     busy = sum(e.self_device_time_total for e in kernels) / 1000 / steps
@@ -503,7 +506,8 @@ def profile_numbers(prof: Any, steps: int, wall_s: float) -> dict[str, Any]:
     if not torch.cuda.is_available():
         return {**out, "kernels": "skipped: no CUDA", "host_syncs_per_step": "skipped: no CUDA"}
     return {**out, "gpu_busy_ms_per_step": round(busy, 2), "kernels_per_step": sum(e.count for e in kernels) / steps,
-            "host_syncs_per_step": sum(e.count for e in events if e.key in HOST_SYNCS) / steps,
+            # less the one synchronize that closes the trace (profiled(): the last step's kernels end inside it)
+            "host_syncs_per_step": max(sum(e.count for e in events if e.key in HOST_SYNCS) - 1, 0) / steps,
             "top_kernels": [{"kernel": e.key[:160], "ms_per_step": round(e.self_device_time_total / 1000 / steps, 3),
                              "share_of_busy": round(e.self_device_time_total / 1000 / steps / busy, 3)
                              if busy else None, "calls_per_step": e.count / steps} for e in kernels[:12]]}
