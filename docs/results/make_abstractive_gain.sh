@@ -5,8 +5,8 @@
 # from random init (seeds 1, 2, 3; it does not depend on a pretraining seed), all decoded with the recipe's settings
 # on the 50 CNN/DM test documents. The recipe's third start (its extractive model) and its BBC arms are not run
 # here. One comparison is written to docs/results/abstractive-gain-cnndm.json and rendered into
-# docs/experiments.md by docs/tables.py. About 2 h 30 min on 2 CPU cores (each abstractive run 9-12 min, each
-# pretraining 6 min).
+# docs/experiments.md by docs/tables.py. About 1 h 25 min on 2 CPU cores (measured at 10da07f: each abstractive
+# run 5 min, each pretraining 4.5-7 min).
 #
 #   bash docs/results/make_abstractive_gain.sh    # runs/absgain (the recipe's folder), runs/absgain-p2, -p3
 set -euo pipefail
