@@ -61,10 +61,10 @@ STEPS = [
     Step("environment", 100, 60, 20),
     Step("cuda_tests", 120, 60, 30),
     Step("pretrain", 260, 130, 60),
-    Step("loss_curve", 120, 70, 40),
+    Step("loss_curve", 120, 100, 40),
     Step("profile", 100, 45, 30),
     Step("resume", 150, 80, 45),
-    Step("mds", 90, 60, 30),
+    Step("mds", 90, 80, 30),
 ]
 DEVICE_BUDGET_S, DRY_BUDGET_S = 540, 290
 GRACE_S = 10  # after SIGTERM (a run checkpoints on it), then SIGKILL of the step's whole process group
