@@ -32,6 +32,7 @@ from hibert.data_prep.oracle_reference import greedy_presumm, greedy_rouge_score
 from hibert.data_prep.ptb import detokenize, split_sentences  # noqa: E402
 from hibert.data_prep.records import split_paragraphs  # noqa: E402
 from hibert.data_prep.summaries import split_glued  # noqa: E402
+from workload import machine  # noqa: E402  (benchmarks/ is the script's own folder)
 
 SHARED = REPO.parent / "shared" / "data"
 
@@ -116,7 +117,7 @@ def main() -> None:
     args = ap.parse_args()
     results = [bench("cnndm", load_cnndm(Path(args.cnndm)), args.reference_docs, args.max_sentences, args.repeat),
                bench("bbc", load_bbc(Path(args.bbc)), args.reference_docs, args.max_sentences, args.repeat)]
-    out = {"benchmark": "bench_oracle", "host": platform.node(), "cpus": os.cpu_count(),
+    out = {"benchmark": "bench_oracle", "machine": machine(), "host": platform.node(), "cpus": os.cpu_count(),
            "loadavg_at_end": os.getloadavg(), "max_sentences": args.max_sentences, "results": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")

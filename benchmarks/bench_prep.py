@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from hibert.data_prep import prepare  # noqa: E402
 from hibert.config.data import DataConfig, SourceConfig, TokenizerConfig  # noqa: E402
+from workload import machine  # noqa: E402  (benchmarks/ is the script's own folder)
 
 GIGA_CM_WORDS = 2.85e9
 
@@ -175,7 +176,7 @@ def main() -> None:
     }
     first = runs[0]
     counts = {k: first[k] for k in ("docs_in", "kept", "skipped", "segmenter_word_tokens", "sentences", "tokens")}
-    result = {"benchmark": "bench_prep", "input": args.input, "host": platform.node(),
+    result = {"benchmark": "bench_prep", "machine": machine(), "input": args.input, "host": platform.node(),
               "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg(), "segmenter": "stanza spacy variant (fast)",
               "tokenizer_train_s": round(tokenizer_s, 2), "vocab_size": args.vocab_size,
               "input_whitespace_words_nonempty_docs": ws_words_all, "words_kept": ws_words, "counts": counts,

@@ -427,6 +427,20 @@ def test_a_single_process_agrees_on_a_checkpoint_without_a_collective():
     assert all_ranks_ok(1) is True and all_ranks_ok(0) is False
 
 
+def test_a_reduction_over_nccl_takes_the_current_gpu_and_over_gloo_the_host(monkeypatch):
+    """NCCL refuses host tensors; gloo (the CPU default, the host group beside NCCL) takes them. The backend is
+    the group's: a host group passed beside an NCCL default stays on the host."""
+    import torch
+
+    from hibert.runtime import collectives
+
+    backends = {None: "nccl", "host": "gloo"}
+    monkeypatch.setattr(collectives.dist, "get_backend", lambda group=None: backends[group])
+    monkeypatch.setattr(collectives.torch.cuda, "current_device", lambda: 3)
+    assert collectives.reduce_device() == torch.device("cuda", 3)
+    assert collectives.reduce_device("host") is None
+
+
 def test_a_lone_process_exports_the_free_port_it_was_given(monkeypatch):
     """Two single-process runs on one node each get their own port, and the exported MASTER_PORT is that port
     (not the default 29500 it was detected with)."""

@@ -53,6 +53,7 @@ import torch.distributed as dist
 
 from hibert.durable import fsync_dir, write_atomic
 from hibert.errors import DiskFull, disk_full
+from hibert.runtime.collectives import reduce_device
 from hibert.runtime.rng_state import load_rng_state, save_rng_state
 
 log = logging.getLogger(__name__)
@@ -66,16 +67,15 @@ _EDGE = 1 << 20
 NOT_OURS = "marker not written by this platform"
 
 
-
 def all_ranks_ok(ok: int) -> bool:
-    """Collective: whether every rank's `ok` is 1. One process asks no one; NCCL reduces device tensors only
-    (a CPU tensor there raises "No backend type associated with device type cpu"), gloo host tensors."""
+    """Collective: whether every rank's `ok` is 1. One process asks no one; several reduce on the device
+    the default group's backend takes (`reduce_device`)."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return ok == 1
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-    flag = torch.tensor([ok], dtype=torch.int64, device=device)
+    flag = torch.tensor([ok], dtype=torch.int64, device=reduce_device())
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return flag.item() == 1
+
 
 @dataclass
 class Resumable:

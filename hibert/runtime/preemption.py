@@ -9,6 +9,8 @@ import signal
 import torch
 import torch.distributed as dist
 
+from hibert.runtime.collectives import reduce_device
+
 
 class PreemptionFlag:
     SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
@@ -31,9 +33,7 @@ class PreemptionFlag:
         if not (dist.is_initialized() and dist.get_world_size() > 1):
             return self.signal_name is not None
         # without a host-side group, NCCL reduces device tensors only (a sync, but the flag still agreed)
-        on_device = group is None and dist.get_backend() == "nccl"
-        t = torch.tensor([1 if self.signal_name else 0], dtype=torch.int32,
-                         device=torch.device("cuda", torch.cuda.current_device()) if on_device else None)
+        t = torch.tensor([1 if self.signal_name else 0], dtype=torch.int32, device=reduce_device(group))
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
         return bool(t.item())
 
