@@ -29,6 +29,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from workload import machine  # noqa: E402  (benchmarks/, the script's folder: the commit of the code that projected)
+
 GIGA_CM_WORDS = 2_854e6
 
 
@@ -135,7 +137,7 @@ def main() -> None:
               f"{r['giga_cm_epoch_h_no_overlap']:>7.2f} |             {r['tokens_per_s_overlap'] / 1e6:>8.2f} "
               f"{r['efficiency_overlap']:>5.2f} {r['giga_cm_epoch_h_overlap']:>7.2f}")
     out = Path(args.out)
-    out.write_text(json.dumps({"measured": m, "parameters": params, "args": vars(args),
+    out.write_text(json.dumps({"machine": machine(), "measured": m, "parameters": params, "args": vars(args),
                                "giga_cm_epoch_tokens": epoch_tokens, "rows": rows}, indent=1))
     print(f"\nwrote {out}")
 
