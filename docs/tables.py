@@ -18,6 +18,7 @@ Views of `hibert compare --results` files (schema hibert-results/1, docs/results
   paired        each system against the reference: difference [95% CI] p, and what the interval allows one to
                 say ("no measurable difference" where it crosses 0, else "higher" / "lower")
   positions     % of each extracting system's picks at sentence 1, 2, ..., 10+ (its seeds' reports summed)
+  training      each trained system's validation metrics at its last step and its outputs' mean words, over seeds
 Views of benchmark JSON (benchmarks/results/*.json): the names in BENCH_VIEWS, each a list of rows (a path into
 the file) and columns (a key under the row and its format), rendered by one generic renderer. A path is dotted
 keys, list positions or `key=value&key=value` (the list's element whose fields are those); a row or a column given
@@ -137,9 +138,49 @@ def positions(results: dict[str, Any]) -> tuple[list[str], list[str]]:
         "% of each system's picked sentences at each position of the document, over its seeds' reports."]
 
 
+def spread(values: list[float]) -> str:
+    """One seed's value, or mean ± sd of the seeds' values (the values); whole numbers where the values are in
+    the hundreds (a perplexity), else two decimals."""
+    digits = 0 if max(abs(x) for x in values) >= 100 else 2
+
+    def num(x: float) -> str:
+        return f"{x:.{digits}f}"
+
+    if len(values) == 1:
+        return num(values[0])
+    mean = sum(values) / len(values)
+    sd = (sum((x - mean) ** 2 for x in values) / (len(values) - 1)) ** 0.5
+    return f"{num(mean)} ± {num(sd)} (" + " / ".join(map(num, values)) + ")"
+
+
+def training(results: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Beside the scores: each trained system's validation metrics at its last step (`last_valid`) and its
+    outputs' mean words, over its seeds."""
+    systems = results["systems"]
+    metrics = list(dict.fromkeys(m for s in systems.values() for r in s["runs"] for m in r.get("last_valid", {})))
+    words = any("words" in r for s in systems.values() for r in s["runs"])
+    rows = []
+    for name, system in systems.items():
+        runs = system["runs"]
+        cells = [spread([r["last_valid"][m] for r in runs if m in r.get("last_valid", {})]) if all(
+            m in r.get("last_valid", {}) for r in runs) else "" for m in metrics]
+        if words:
+            cells.append(spread([r["words"] for r in runs]) if all("words" in r for r in runs) else "")
+        if any(cells):
+            rows.append([name, seed_list(system), *cells])
+    if not rows:
+        raise TableError("no system of this results file records validation metrics or words (a file written "
+                         "before they were kept: rerun its `hibert compare --results`)")
+    head = [f"{m.removeprefix('valid_')} (valid, last step)" for m in metrics] + (["words"] if words else [])
+    return table(["system", "seeds", *head], rows), [
+        "Validation metrics at each model's last training step and its outputs' mean words on the test "
+        "documents: one seed's value, or mean ± sd over the seeds (each seed's value, in the seeds column's "
+        "order); an untrained baseline has no validation metrics."]
+
+
 # a view: (the table's lines, the notes under the line saying what made it)
 RESULT_VIEWS: dict[str, Callable[[dict[str, Any]], tuple[list[str], list[str]]]] = {
-    "rouge-seeds": rouge_seeds, "paired": paired, "positions": positions}
+    "rouge-seeds": rouge_seeds, "paired": paired, "positions": positions, "training": training}
 
 
 # ------------------------------------------------------------------ benchmark JSON

@@ -36,22 +36,46 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def model_commit(report_path: Path, run_dir: Path) -> str:
-    """The commit the reported model was trained at: the report's own `meta.git_commit` where it has one, else
-    the export it names (`meta.model`, a local export directory), else the run's own export when it is the
-    evaluated one (its MLflow run is the report's `finetune_run`, or the report names none)."""
+def model_export(report_path: Path, run_dir: Path) -> dict[str, Any] | None:
+    """The export.json of the reported model: the export the report names (`meta.model`, a local export
+    directory), else the run's own export when it is the evaluated one (its MLflow run is the report's
+    `finetune_run`, or the report names none); None when neither is at hand."""
     meta = (_read_json(report_path) or {}).get("meta") or {}
-    if meta.get("git_commit"):
-        return str(meta["git_commit"])
     model = str(meta.get("model") or "")
     if model and ":/" not in model:   # models:/name@alias or a URI: its export.json is in the artifact store
         named = _read_json(Path(model) / "export.json")
         if named is not None:
-            return str(named.get("git_commit") or UNKNOWN)
+            return named
     own = _read_json(run_dir / "export" / "export.json")
     if own is not None and (not meta.get("finetune_run") or own.get("mlflow_run_id") == meta["finetune_run"]):
-        return str(own.get("git_commit") or UNKNOWN)
-    return UNKNOWN
+        return own
+    return None
+
+
+def model_commit(report_path: Path, run_dir: Path) -> str:
+    """The commit the reported model was trained at: the report's own `meta.git_commit` where it has one, else
+    its export's (`model_export`)."""
+    meta = (_read_json(report_path) or {}).get("meta") or {}
+    if meta.get("git_commit"):
+        return str(meta["git_commit"])
+    export = model_export(report_path, run_dir)
+    return str(export.get("git_commit") or UNKNOWN) if export is not None else UNKNOWN
+
+
+def run_facts(report_path: Path, run_dir: Path, row: str) -> dict[str, Any]:
+    """What a table shows beside the scores, for the report's `row`: the trained model's validation metrics at
+    its last step (`last_valid`, its export's `final_metrics`; the model's own row only, a baseline was not
+    trained) and the mean words of the row's outputs (`words`, summaries only)."""
+    facts: dict[str, Any] = {}
+    if row in ("model", "ranker"):
+        export = model_export(report_path, run_dir)
+        final = (export or {}).get("final_metrics")
+        if isinstance(final, dict) and final:
+            facts["last_valid"] = {k: v for k, v in final.items() if isinstance(v, (int, float))}
+    words = ((_read_json(report_path) or {}).get("abstractiveness") or {}).get(row, {}).get("mean_words")
+    if isinstance(words, (int, float)):
+        facts["words"] = words
+    return facts
 
 
 def run_seed(run_dir: Path) -> int | None:
@@ -65,11 +89,12 @@ def run_seed(run_dir: Path) -> int | None:
 
 
 def model_commits(sources: dict[str, list[dict[str, Any]]]) -> None:
-    """Add each seed's `model_commit` and `seed` to `sources` (as `group_seeds` filled it)."""
+    """Add each seed's `model_commit`, `seed` and `run_facts` to `sources` (as `group_seeds` filled it)."""
     for runs in sources.values():
         for run in runs:
             run["model_commit"] = model_commit(Path(run["report"]), Path(run["run_dir"]))
             run["seed"] = run_seed(Path(run["run_dir"]))
+            run["facts"] = run_facts(Path(run["report"]), Path(run["run_dir"]), run["row"])
 
 
 def check_one_commit(sources: dict[str, list[dict[str, Any]]], allow_mixed: bool) -> None:
@@ -134,7 +159,7 @@ def results_payload(result: dict[str, Any], per_document: dict[str, dict[str, An
         systems[name] = {
             "documents": row["documents"], "seeds": row["seeds"],
             "runs": [{"run_dir": _rel(s["run_dir"]), "report": _rel(s["report"]), "row": s["row"], "seed": s["seed"],
-                      "model_commit": s["model_commit"]} for s in sources[name]],
+                      "model_commit": s["model_commit"], **_rounded(s.get("facts", {}))} for s in sources[name]],
             "scores": {m: _rounded(row[m]) for m in metrics},
             **({"positions": pos} if (pos := picked_positions(sources[name])) else {}),
             "per_document": per_document[name]}

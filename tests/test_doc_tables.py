@@ -36,11 +36,13 @@ def _run(root: Path, name: str, seed: int, scores: list[float], commit: str, lea
     (run / "export").mkdir(parents=True)
     (run / "report-test").mkdir()
     (run / "config.resolved.yaml").write_text(yaml.safe_dump({"run": {"name": name, "seed": seed}}))
-    (run / "export" / "export.json").write_text(json.dumps({"git_commit": commit, "mlflow_run_id": f"mlf-{name}"}))
+    (run / "export" / "export.json").write_text(json.dumps({"git_commit": commit, "mlflow_run_id": f"mlf-{name}",
+                                                            "final_metrics": {"valid_ppl": 500.0 + 10 * seed}}))
     per_doc = {"model": {m: scores for m in METRICS}, **({"lead3": {m: lead for m in METRICS}} if lead else {})}
+    words = {"model": {"mean_words": 9.0 + seed}, **({"lead3": {"mean_words": 80.0}} if lead else {})}
     report = {"meta": {"task": "extractive", "model": f"runs/{name}/export", "split": "test",
                        "finetune_run": f"mlf-{name}"},
-              "num_documents": len(IDS), "scores": {}, "paired": {}, "abstractiveness": {},
+              "num_documents": len(IDS), "scores": {}, "paired": {}, "abstractiveness": words,
               "per_document": {"doc_ids": IDS, **per_doc}, "multi_reference": "single"}
     (run / "report-test" / "report.json").write_text(json.dumps(report, indent=1))
     return f"runs/{name}"
@@ -80,8 +82,12 @@ def test_compare_writes_a_results_file_the_tables_render(tmp_path, monkeypatch, 
     p = res["systems"]["P"]
     assert p["seeds"] == 2 and [r["seed"] for r in p["runs"]] == [1, 2]
     assert p["runs"][0] == {"run_dir": "runs/p-seed1", "report": "runs/p-seed1/report-test/report.json",
-                            "row": "model", "seed": 1, "model_commit": C1}
-    assert res["systems"]["lead"]["runs"][0]["row"] == "lead3"
+                            "row": "model", "seed": 1, "model_commit": C1, "last_valid": {"valid_ppl": 510.0},
+                            "words": 10.0}
+    # a baseline row was not trained: its words, no validation metrics
+    assert res["systems"]["lead"]["runs"][0] == {"run_dir": "runs/r-seed1", "report": "runs/r-seed1/report-test/"
+                                                 "report.json", "row": "lead3", "seed": 1, "model_commit": C1,
+                                                 "words": 80.0}
     assert p["scores"]["rouge1_f"]["seed_means"] == pytest.approx([25.030864 + 5, 25.030864 + 6])
     assert p["per_document"]["doc_ids"] == IDS and p["per_document"]["rouge2_f"][0][0] == 15.1235   # 4 decimals
     pair = res["paired"]["P-R"]
@@ -97,7 +103,8 @@ def test_compare_writes_a_results_file_the_tables_render(tmp_path, monkeypatch, 
     tables = _tables()
     page = tmp_path / "README.md"
     page.write_text("# toy\n\n<!-- table: docs/results/toy.json rouge-seeds -->\n<!-- /table -->\n\ntext\n\n"
-                    "<!-- table: docs/results/toy.json paired -->\nstale\n<!-- /table -->\n")
+                    "<!-- table: docs/results/toy.json paired -->\nstale\n<!-- /table -->\n"
+                    "<!-- table: docs/results/toy.json training -->\n<!-- /table -->\n")
     assert tables.main(["--check"], root=tmp_path) == 1          # the blocks are not what the file renders
     assert tables.main([], root=tmp_path) == 0 and tables.main(["--check"], root=tmp_path) == 0
     text = page.read_text()
@@ -105,8 +112,11 @@ def test_compare_writes_a_results_file_the_tables_render(tmp_path, monkeypatch, 
     assert "| system | documents | seeds | R1 | R2 | RL | RLsum |" in text and "stale" not in text
     assert "| P − R | 4 | 2/2 | +4.00 [+3.00, +5.00] p<0.005 |" in text and text.count("| higher |") == 1
     assert "| lead − R | 4 | 1/2 | −" in text and "| lower |" in text
+    assert "| system | seeds | ppl (valid, last step) | words |" in text
+    assert "| P | 1/2 | 515 ± 7 (510 / 520) | 10.50 ± 0.71 (10.00 / 11.00) |" in text
+    assert "| lead | 1 |  | 80.00 |" in text
     made = [line for line in text.splitlines() if line.startswith("Made at")]
-    assert len(made) == 2 and made[0].startswith(f"Made at commit {C1[:7]} by `hibert compare R=runs/r-seed1 ")
+    assert len(made) == 3 and made[0].startswith(f"Made at commit {C1[:7]} by `hibert compare R=runs/r-seed1 ")
     assert made[0].endswith("; docs/results/toy.json).")
     # the block's first line under the table is the one saying what made it
     lines = text.splitlines()
