@@ -18,7 +18,8 @@ Views of `hibert compare --results` files (schema hibert-results/1, docs/results
   paired        each system against the reference: difference [95% CI] p, and what the interval allows one to
                 say ("no measurable difference" where it crosses 0, else "higher" / "lower")
   positions     % of each extracting system's picks at sentence 1, 2, ..., 10+ (its seeds' reports summed)
-  training      each trained system's validation metrics at its last step and its outputs' mean words, over seeds
+  training      each trained system's validation perplexity (else loss) at its last step and its outputs' mean
+                words, over seeds
 Views of benchmark JSON (benchmarks/results/*.json): the names in BENCH_VIEWS, each a list of rows (a path into
 the file) and columns (a key under the row and its format), rendered by one generic renderer. A path is dotted
 keys, list positions or `key=value&key=value` (the list's element whose fields are those); a row or a column given
@@ -154,10 +155,12 @@ def spread(values: list[float]) -> str:
 
 
 def training(results: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """Beside the scores: each trained system's validation metrics at its last step (`last_valid`) and its
-    outputs' mean words, over its seeds."""
+    """Beside the scores: each trained system's validation loss at its last step (`last_valid`: the perplexity
+    where the model has one, else the loss; the validation ROUGE of a few decoded documents is left to the test
+    scores) and its outputs' mean words, over its seeds."""
     systems = results["systems"]
-    metrics = list(dict.fromkeys(m for s in systems.values() for r in s["runs"] for m in r.get("last_valid", {})))
+    kept = {m for s in systems.values() for r in s["runs"] for m in r.get("last_valid", {})}
+    metrics = ["valid_ppl"] if "valid_ppl" in kept else ["valid_loss"] if "valid_loss" in kept else []
     words = any("words" in r for s in systems.values() for r in s["runs"])
     rows = []
     for name, system in systems.items():
@@ -173,7 +176,7 @@ def training(results: dict[str, Any]) -> tuple[list[str], list[str]]:
                          "before they were kept: rerun its `hibert compare --results`)")
     head = [f"{m.removeprefix('valid_')} (valid, last step)" for m in metrics] + (["words"] if words else [])
     return table(["system", "seeds", *head], rows), [
-        "Validation metrics at each model's last training step and its outputs' mean words on the test "
+        "Validation at each model's last training step and its outputs' mean words on the test "
         "documents: one seed's value, or mean ± sd over the seeds (each seed's value, in the seeds column's "
         "order); an untrained baseline has no validation metrics."]
 
