@@ -29,7 +29,7 @@ from hibert.config import load_config
 from hibert.tokens import MASK_ID
 from hibert.modeling import (HibertForPretraining, PretrainBatch, count_parameters, flops_per_batch,
                       make_padded_pretrain_batch, make_pretrain_batch)
-from workload import source_revision  # benchmarks/ is the script's own folder
+from workload import run_command, source_revision  # benchmarks/ is the script's own folder
 
 DEFAULT_DATA = [REPO.parent / "shared/data/in_domain/cnndm_train.jsonl", REPO / "samples/cnndm_train_sample.jsonl"]
 MAX_TOKENS, MAX_SENTENCES, MASK_RATE = 50, 30, 0.15
@@ -71,7 +71,7 @@ def machine(device: str) -> dict:
                 python=platform.python_version(), device_name="cpu")
     if device == "cuda":
         info.update(device_name=torch.cuda.get_device_name(), cuda=torch.version.cuda)
-    info.update(source_revision())  # the commit and whether tracked files differed from it
+    info.update(source_revision(), command=run_command())  # the commit, whether tracked files differed, argv
     return info
 
 

@@ -5,7 +5,9 @@ import json
 import os
 import platform
 import re
+import shlex
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -65,8 +67,16 @@ def machine() -> dict:
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
         info["cuda"] = torch.version.cuda
-    info.update(source_revision())
+    info.update(source_revision(), command=run_command())
     return info
+
+
+def run_command() -> str:
+    """The command line this benchmark runs as, its script relative to the repository (what a page shows)."""
+    repo = Path(__file__).resolve().parents[1]
+    script = Path(sys.argv[0]).resolve()
+    shown = script.relative_to(repo) if script.is_relative_to(repo) else Path(sys.argv[0])
+    return shlex.join(["python", str(shown), *sys.argv[1:]])
 
 
 def source_revision() -> dict:

@@ -213,8 +213,10 @@ class BenchView:
                       for label, i, path in self.rows])
 
     def command_line(self, data: dict[str, Any]) -> str | None:
-        if isinstance(data.get("command"), str):
-            return data["command"]
+        machine = data.get("machine") if isinstance(data.get("machine"), dict) else {}
+        for recorded in (data.get("command"), machine.get("command")):   # as it ran (workload.run_command)
+            if isinstance(recorded, str):
+                return recorded
         args = data.get("args")
         if not self.script or not isinstance(args, dict):
             return None
