@@ -6,9 +6,9 @@ A generated table sits between two markers; everything between them is this scri
     ...
     <!-- /table -->
 
-The first word names the results file (relative to the repository; several joined by "+" for a benchmark view
-that reads more than one), the second the view. The block's first line under the table says the commit and the
-command that made the numbers, as the file records them.
+Pages: README.md, docs/*.md and each folder's README.md. The first word names the results file (relative to the
+repository; several joined by "+" for a benchmark view that reads more than one), the second the view. The block's
+first line under the table says the commit and the command that made the numbers, as the file records them.
 
     python docs/tables.py            rewrite every block in place
     python docs/tables.py --check    exit 1 with a diff when a block differs from what this script renders
@@ -42,7 +42,7 @@ from hibert.finetune.evaluation.rouge import format_p, verdict
 from hibert.finetune.results_file import SCHEMA
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = ("README.md", "docs/*.md")
+PAGES = ("README.md", "docs/*.md", "*/README.md")   # the folders' READMEs quote benchmarks too
 BLOCK = re.compile(r"(?P<open><!-- table: (?P<source>\S+) (?P<view>\S+) -->\n)(?P<body>.*?)(?P<close><!-- /table -->)",
                    re.DOTALL)
 METRIC_NAMES = {"rouge1_f": "R1", "rouge2_f": "R2", "rougeL_f": "RL", "rougeLsum_f": "RLsum"}
@@ -192,8 +192,12 @@ def millions(x: float) -> str:
     return f"{x / 1e6:#.3g}".rstrip(".") + "M"      # 1.54M, 33.0M, 158M
 
 
-def fixed(digits: int) -> Callable[[float], str]:
-    return lambda x: f"{x:.{digits}f}"
+def fixed(digits: int, unit: str = "") -> Callable[[float], str]:
+    return lambda x: f"{x:.{digits}f}{unit}"
+
+
+def grouped(x: float) -> str:
+    return f"{x:,.0f}"                               # 435,583
 
 
 @dataclass(frozen=True)
@@ -303,31 +307,85 @@ def duration(hours: float) -> str:
     return f"{hours:.1f} h" if hours >= 1 else f"{hours * 60:.1f} min"
 
 
+# bench_generate.py's ratios: (the page's name, the key under `ratios`); a file holds those its run measured
+GENERATE_RATIOS = (
+    ("batch 16 over one document at a time (summary tokens/s)", "batch_speedup"),
+    ("the same, decoding alone (encoder excluded)", "batch_speedup_decode_only"),
+    ("KV cache over recomputing the prefix (tokens/s)", "cache_speedup"),
+    ("PHT cross-attention over flat (time)", "pht_time_ratio"),
+    ("VHT cross-attention over flat (time)", "vht_time_ratio"),
+    ("ours over the anchors' search, batch 16 (summary tokens/s)", "speedup_over_anchor_search"),
+    ("peak memory, beam 5 over beam 1: allocated tensors", "memory_ratio_tensors"),
+    ("peak memory, beam 5 over beam 1: process RSS", "memory_ratio_rss"),
+    ("the anchors' peak RSS over ours, beam 5", "anchor_memory_ratio"))
+
+
+@dataclass(frozen=True)
+class GenerateRatios(BenchView):
+    """bench_generate.py's ratios, each with its rounds' range (the ratio is their median) and its target where
+    the script sets one; the ratios the run did not measure (skipped parts) are left out."""
+
+    def render(self, files: list[dict[str, Any]]) -> list[str]:
+        ratios = files[0]["ratios"]
+        rows = []
+        for label, key in GENERATE_RATIOS:
+            if key not in ratios:
+                continue
+            r = ratios[key]
+            rounds = r.get("rounds") or []
+            spread = f"{min(rounds):.2f}–{max(rounds):.2f}" if len(rounds) > 1 else ""
+            target = f"{r['target']} ({'met' if r.get('met') else 'not met'})" if r.get("target") else ""
+            rows.append([label, f"{r['value']:.2f}×", spread, target])
+        return table([self.corner, "ratio", "rounds", "target"], rows)
+
+
+MDS_ENCODERS = (("hierarchical (HIBERT per unit + global layers)", "hierarchical"),
+                ("the same units as one HIBERT document", "hibert-flat"),
+                ("flat token transformer (full self-attention)", "token-flat"))
+
+
+@dataclass(frozen=True)
+class MdsGrowth(BenchView):
+    """bench_mds.py: seconds and peak memory of one training step at each input length, and the growth exponent
+    of each (a least-squares fit of log cost on log length)."""
+
+    def render(self, files: list[dict[str, Any]]) -> list[str]:
+        data = files[0]
+        lengths = data["lengths"]
+        rows = [[label,
+                 *(f"{data['rows'][f'{key}@{n}']['seconds']:.2f} s" for n in lengths),
+                 f"n^{data['growth_exponent'][key]['time']:.2f}",
+                 *(f"{data['rows'][f'{key}@{n}']['peak_mib']:.0f} MiB" for n in lengths),
+                 f"n^{data['growth_exponent'][key]['memory']:.2f}"] for label, key in MDS_ENCODERS]
+        return table([self.corner, *(f"step @ {n:,}" for n in lengths), "time grows",
+                      *(f"peak @ {n:,}" for n in lengths), "memory grows"], rows)
+
+
 BENCH_VIEWS: dict[str, BenchView] = {
     "scale-prep": BenchView(
         corner="corpus",
         rows=tuple((size.replace("MB", " MB").replace("GB", " GB"), 0, f"sizes.{size}.prep.0")
                    for size in ("10MB", "100MB", "1GB")),
         columns=(("words", "words", millions), ("shards", "shards", str),
-                 ("words/s/core", "words_per_s_per_core", lambda x: f"{x:,.0f}"),
-                 ("peak RSS (largest process)", "peak_rss_mb", lambda x: f"{x:.0f} MB"),
-                 ("merge alone", "merge_s", lambda x: f"{x:.1f} s"),
+                 ("words/s/core", "words_per_s_per_core", grouped),
+                 ("peak RSS (largest process)", "peak_rss_mb", fixed(0, " MB")),
+                 ("merge alone", "merge_s", fixed(1, " s")),
                  ("bytes/token on disk", "bytes_per_token", lambda x: f"{x:.2f}"))),
     "scale-loader": BenchView(
         corner="shards",
         rows=tuple((f"{int(n):,}", 0, f"loader.{n}") for n in ("10", "1000", "10000")),
-        columns=(("chunks", "chunks", count), ("open", "open_s", lambda x: f"{x:.3f} s"),
-                 ("plan", "plan_s", lambda x: f"{x:.3f} s"), ("first batch", "first_batch_s", lambda x: f"{x:.3f} s"),
-                 ("resume (middle batch)", "resume_batch_s", lambda x: f"{x:.3f} s"),
-                 ("merge", "prep.merge_s", lambda x: f"{x:.1f} s"), ("RSS", "rss_mb", lambda x: f"{x:.0f} MB"))),
+        columns=(("chunks", "chunks", count), ("open", "open_s", fixed(3, " s")),
+                 ("plan", "plan_s", fixed(3, " s")), ("first batch", "first_batch_s", fixed(3, " s")),
+                 ("resume (middle batch)", "resume_batch_s", fixed(3, " s")),
+                 ("merge", "prep.merge_s", fixed(1, " s")), ("RSS", "rss_mb", fixed(0, " MB")))),
     "soak": BenchView(
         corner="job",
         rows=(("one pretraining job on the local Slurm cluster", 0, ""),),
         columns=(("steps", "steps", str), ("interruptions", "interruptions", str),
                  ("of them during a checkpoint save", "kills_during_save", str), ("restarts", "restarts", str),
                  ("end", "state", str), ("encoder bit-identical", "identical", lambda x: "yes" if x else "NO"),
-                 ("uninterrupted", "reference_s", lambda x: f"{x:.1f} s"),
-                 ("interrupted", "soak_s", lambda x: f"{x:.1f} s"))),
+                 ("uninterrupted", "reference_s", fixed(1, " s")),
+                 ("interrupted", "soak_s", fixed(1, " s")))),
     "generate-cpu-profile": BenchView(
         corner="",
         rows=tuple((label, 0, (f"results.profile.batch1.{key}", f"results.profile.batch16.{key}"))
@@ -358,8 +416,47 @@ BENCH_VIEWS: dict[str, BenchView] = {
         rows=tuple((f"{n} process{'es' if n > 1 else ''}, {x}×", 0, f"runs.{n} process{'es' if n > 1 else ''}, {x}x")
                    for x in (1, 10) for n in (1, 2)),
         columns=(("records", "records", count), ("seconds", "seconds", fixed(1)), ("docs/s", "docs_per_s", fixed(1)),
-                 ("steady docs/s", "steady_docs_per_s", fixed(1)), ("peak RSS", "peak_rss_mb", lambda x: f"{x:.0f} MB")),
+                 ("steady docs/s", "steady_docs_per_s", fixed(1)), ("peak RSS", "peak_rss_mb", fixed(0, " MB"))),
         script="benchmarks/bench_summarize.py"),
+    "generate-ratios": GenerateRatios(corner="", rows=(), columns=(), script="benchmarks/bench_generate.py",
+                                      command=(*GENERATE_ARGS, "no_repeat_ngram", "rounds")),
+    "mds-growth": MdsGrowth(corner="encoder", rows=(), columns=(), script="benchmarks/bench_mds.py",
+                            command=("hidden", "batch", "repeats", "threads", "device", "precision")),
+    "prep": BenchView(
+        corner="prep workers",
+        rows=(("1", 0, "summary_median.1"), ("2", 0, "summary_median.2")),
+        columns=(("wall", "wall_s", fixed(1, " s")),
+                 ("words/s/core, start-up included", "words_per_s_per_core", grouped),
+                 ("words/s/core, once running", "steady_words_per_s_per_core", grouped),
+                 ("speed-up: wall", "speedup_vs_1", fixed(2, "×")),
+                 ("speed-up: busy CPU time", "cpu_speedup_vs_1", fixed(2, "×")))),
+    "oracle": BenchView(
+        corner="corpus",
+        rows=(("CNN/DM", 0, "results.corpus=cnndm"), ("BBC", 0, "results.corpus=bbc")),
+        columns=(("documents", "docs", count), ("sentences/doc", "mean_sentences", fixed(1)),
+                 ("ours, cold stem cache", "docs_per_s.ours_cold", grouped),
+                 ("ours, warm", "docs_per_s.ours_warm", grouped),
+                 ("ours, beam 5", "docs_per_s.ours_beam5", grouped),
+                 ("PreSumm's set approximation", "docs_per_s.presumm_b", grouped),
+                 ("naive rouge-score greedy", "docs_per_s.naive_rouge_score_a", fixed(1)),
+                 ("labels identical to the naive greedy", ("identical_to_a", "reference_a_docs"),
+                  lambda v: f"{v[0]} / {v[1]}"))),
+    "segment": BenchView(
+        corner="segmenter",
+        rows=tuple((label, 0, f"rows.{key}") for label, key in (("stanza's spaCy variant (the offline default)",
+                                                                "spacy variant (default)"),
+                                                               ("stanza's neural tokenizer (CPU)", "neural (CPU)"))),
+        columns=(("words/s/core", "words_per_s_per_core", grouped),
+                 ("GIGA-CM, segmentation alone", "giga_cm_core_hours", lambda x: f"{x:.1f} core-hours"))),
+    "scale-nodes": BenchView(
+        corner="corpus",
+        rows=(("100 MB", 0, "nodes"),),
+        columns=(("Slurm array tasks", "shards", str), ("nodes", "nodes", ", ".join),
+                 ("submission to merged manifest", "wall_s", fixed(0, " s")),
+                 ("one local process, same plan", "local_one_process_s", fixed(0, " s")),
+                 ("speed-up", "speedup_over_one_process", fixed(2, "×")),
+                 ("byte-identical", ("byte_identical", "files_compared"),
+                  lambda v: f"{'yes' if v[0] else 'NO'} ({v[1]} files)"))),
     "scaling": BenchView(
         corner="GPUs",
         rows=tuple((label, 0, (f"rows.compute=measured&gpus={gpus}&zero={zero}",
@@ -378,6 +475,9 @@ BENCH_VIEWS: dict[str, BenchView] = {
 }
 
 
+RERUN = "`bash benchmarks/rerun_cpu.sh`"
+
+
 def bench_made_line(view: BenchView, files: list[dict[str, Any]], source: str) -> str:
     """The commit and command each file records (`machine.commit`, `args` or `command`), or that it records none."""
     parts = []
@@ -388,13 +488,13 @@ def bench_made_line(view: BenchView, files: list[dict[str, Any]], source: str) -
             dirty = " (with uncommitted changes)" if machine.get("tracked_changes") else ""
             parts.append(f"Made at commit {short(machine['commit'])}{dirty} by `{command}` ({name}).")
         elif command:
-            parts.append(f"Made by `{command}` ({name}, which does not record the commit it ran at: the text "
-                         "names it).")
+            parts.append(f"Made by `{command}` ({name}, which does not record the commit it ran at: "
+                         f"{RERUN} remakes it at one).")
         else:
             missing = " and ".join(w for w, v in (("the commit", machine.get("commit")), ("the command", command))
                                    if not v)
-            parts.append(f"Generated from {name}, which does not record {missing} that made it (the text names "
-                         f"{'them' if ' and ' in missing else 'it'}).")
+            parts.append(f"Generated from {name}, which does not record {missing} that made it ({RERUN} remakes "
+                         "it at one commit).")
     return " ".join(parts)
 
 
@@ -436,7 +536,9 @@ def render_page(text: str, root: Path) -> str:
 
 
 def pages(root: Path) -> list[Path]:
-    return [p for pattern in PAGES for p in sorted(root.glob(pattern))]
+    """The pages, not a tool's hidden folder (.pytest_cache/README.md)."""
+    return [p for pattern in PAGES for p in sorted(root.glob(pattern))
+            if not any(part.startswith(".") for part in p.relative_to(root).parts)]
 
 
 def main(argv: list[str] | None = None, root: Path = ROOT) -> int:

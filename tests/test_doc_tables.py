@@ -220,7 +220,29 @@ def test_benchmark_rows_join_objects_select_list_elements_and_derive_cells(tmp_p
     block = tables.render_block(tmp_path, "benchmarks/results/l.json", "loader").splitlines()
     assert block[3] == "| DataLoader, 1 worker (make_item + hand-over) | 5.7M | 4.1 |"
     assert block[-1] == ("Made by `python benchmarks/bench_loader.py --dataset /tmp/news --workers 0 1 2 --repeats 3` "
-                         "(benchmarks/results/l.json, which does not record the commit it ran at: the text names it).")
+                         "(benchmarks/results/l.json, which does not record the commit it ran at: "
+                         "`bash benchmarks/rerun_cpu.sh` remakes it at one).")
+    # bench_generate's ratios: those the run measured, each with its rounds' range and its target
+    gen = {"machine": {"commit": C1, "tracked_changes": False,
+                       "command": "python benchmarks/bench_generate.py --skip memory --out x.json"},
+           "ratios": {"batch_speedup": {"value": 3.2, "rounds": [3.0, 3.4, 3.2], "target": ">= 3.0", "met": True},
+                      "vht_time_ratio": {"value": 2.5, "rounds": [2.5]}}}
+    (bench / "g.json").write_text(json.dumps(gen))
+    block = tables.render_block(tmp_path, "benchmarks/results/g.json", "generate-ratios").splitlines()
+    assert block[2] == "| batch 16 over one document at a time (summary tokens/s) | 3.20× | 3.00–3.40 | >= 3.0 (met) |"
+    assert block[3] == "| VHT cross-attention over flat (time) | 2.50× |  |  |" and block[4] == ""
+    assert block[-1] == (f"Made at commit {C1[:7]} by `python benchmarks/bench_generate.py --skip memory --out x.json` "
+                         "(benchmarks/results/g.json).")   # the command as it ran wins over one rebuilt from args
+    # bench_mds: each encoder's step time and peak memory per length, and the fitted growth
+    rows = {f"{k}@{n}": {"seconds": n / 1000, "peak_mib": n / 10} for k in ("hierarchical", "hibert-flat", "token-flat")
+            for n in (800, 1600)}
+    growth = {k: {"time": 1.0, "memory": 0.5} for k in ("hierarchical", "hibert-flat", "token-flat")}
+    (bench / "m.json").write_text(json.dumps({"lengths": [800, 1600], "rows": rows, "growth_exponent": growth}))
+    block = tables.render_block(tmp_path, "benchmarks/results/m.json", "mds-growth").splitlines()
+    assert block[0] == ("| encoder | step @ 800 | step @ 1,600 | time grows | peak @ 800 | peak @ 1,600 | "
+                        "memory grows |")
+    assert block[2] == ("| hierarchical (HIBERT per unit + global layers) | 0.80 s | 1.60 s | n^1.00 | 80 MiB | 160 MiB "
+                        "| n^0.50 |")
     # project_scaling's rates: one where nothing overlaps, the compute's share where communication takes any
     assert tables.overlap_rates((6.35e6, 0.98, 6.35e6, 0.98)) == "6.35M (98%)"
     assert tables.overlap_rates((20.1e6, 0.776, 25.9e6, 1.0)) == "20.1M (78%) / 25.9M"
