@@ -12,6 +12,7 @@
 #   docs/results/mds-synthetic-summarizers.json    PHT (HIBERT) first: the other summarizers and the baselines
 #   docs/results/mds-synthetic-summarizers-1600.json   the same five at 1,600 tokens
 #   docs/results/mds-synthetic-multinews.json      rankers (document order first) on the 11 real clusters
+#   docs/results/mds-synthetic-multinews-summaries.json   PHT (HIBERT) and the flat transformer on them, baselines
 # rendered into docs/multi-document.md by docs/tables.py. About 4 h 30 min on 2 CPU cores (the chain ~4 h, the
 # extra readings ~30 min). Finished stages are reused (the demo's markers), so the script can be stopped and
 # started again in the same clone at the same commit; a stage stopped half-way is trained again from its start.
@@ -83,5 +84,14 @@ mapfile -t A < <(summ report-test-1600)
     $(seeds ranker-random-init ranker-random report-test-multinews) \
     $(seeds ranker-hibert-init ranker-hibert report-test-multinews) \
     --split test --results docs/results/mds-synthetic-multinews.json > "$OUT/compare-mds-multinews.txt"
+# the summarizers read on the real clusters: PHT first, the flat transformer, the baselines of PHT's seed-1 report
+mn=$RUN/mds-hibert-seed1/report-test-multinews
+# shellcheck disable=SC2046
+"$HB" compare $(seeds pht-hibert-init mds-hibert report-test-multinews) \
+    $(seeds flat-transformer flat-hibert report-test-multinews) \
+    "lead3-first-document=$mn#lead3_first_doc" "lead-gold-length=$mn#lead_gold_length" \
+    "lead-ranked-units=$mn#lead_ranked" "tf-idf-extract=$mn#tfidf_extract" \
+    --split test --results docs/results/mds-synthetic-multinews-summaries.json \
+    > "$OUT/compare-mds-multinews-summaries.txt"
 "$PY" docs/tables.py
 echo "made at $(git rev-parse --short HEAD): docs/results/mds-synthetic-*.json, docs/multi-document.md"
