@@ -30,7 +30,7 @@ from hibert.data_prep import prepare  # noqa: E402
 from hibert.config.data import DataConfig, SourceConfig, TokenizerConfig  # noqa: E402
 from workload import machine  # noqa: E402  (benchmarks/ is the script's own folder)
 
-GIGA_CM_WORDS = 2.85e9
+GIGA_CM_WORDS = 2_854e6   # Zhang et al. 2019, §4.1 (as project_scaling.py)
 
 
 def run_once(recipe: Path, out: Path, workers: int) -> dict:

@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from workload import machine, write_results  # noqa: E402
 
-GIGA_CM_WORDS = 2.9e9  # the card's corpus: ~2.9B words, ~6.6M documents
+GIGA_CM_WORDS = 2_854e6  # Zhang et al. 2019, §4.1: 2,854M words, ~6.6M documents (as project_scaling.py)
 
 
 def corpus(docs: int, seed: int) -> list[list[str]]:

@@ -13,6 +13,7 @@
 set -euo pipefail
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
 PY=${PY:-.venv/bin/python}
+HB=${HB:-.venv/bin/hibert}
 R=benchmarks/results
 LOGS=runs/bench
 HEAD=$(git rev-parse HEAD)
@@ -26,6 +27,10 @@ ALL=(oracle prep segment generate generate-noblock mds summarize loader scale-pr
      projection)
 WANT=("$@")
 [ ${#WANT[@]} -gt 0 ] || WANT=("${ALL[@]}")
+for name in "${WANT[@]}"; do   # a misspelt name fails now, not after hours of the others
+  [[ " ${ALL[*]} " == *" $name "* ]] || { echo "rerun_cpu.sh: no benchmark '$name' (${ALL[*]})" >&2; exit 2; }
+done
+FAILED=()
 
 at_head() {   # whether $1 already records this commit and a clean tree
   "$PY" - "$1" "$HEAD" <<'EOF' 2>/dev/null
@@ -35,19 +40,27 @@ sys.exit(0 if m.get("commit") == sys.argv[2] and m.get("tracked_changes") is Fal
 EOF
 }
 
-bench() {   # bench NAME OUT COMMAND...: run COMMAND unless OUT is already at this commit
-  local name=$1 out=$2
+bench() {   # bench NAME OUT COMMAND...: run COMMAND unless OUT is already at this commit; a failure is counted,
+  local name=$1 out=$2  # the others still run
   shift 2
-  if at_head "$out"; then echo "[rerun] $name: $out already at ${HEAD:0:7}"; return; fi
+  if at_head "$out"; then echo "[rerun] $name: $out already at ${HEAD:0:7}"; return 0; fi
   echo "[rerun] $name -> $out (log: $LOGS/$name.log)"
   local t0=$SECONDS
-  "$@" > "$LOGS/$name.log" 2>&1 || { echo "[rerun] $name FAILED after $((SECONDS - t0)) s: $LOGS/$name.log" >&2; return 1; }
-  echo "[rerun] $name done in $((SECONDS - t0)) s"
+  if "$@" > "$LOGS/$name.log" 2>&1; then
+    echo "[rerun] $name done in $((SECONDS - t0)) s"
+  else
+    echo "[rerun] $name FAILED after $((SECONDS - t0)) s: $LOGS/$name.log" >&2
+    FAILED+=("$name")
+  fi
 }
 
-news_dataset() {   # the CNN/DM + BBC articles as abstractive-gain prepares them: the loader benchmark's input
-  [ -f "$LOGS/news/manifest.json" ] || .venv/bin/hibert prep abstractive-gain data=news "data.output=$LOGS/news" \
-      > "$LOGS/news-prep.log" 2>&1
+news_dataset() {   # the CNN/DM + BBC articles as abstractive-gain prepares them at this commit: the loader's input
+  local stamp=$LOGS/news/.commit
+  [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$HEAD" ] && return 0
+  rm -rf "$LOGS/news"
+  "$HB" prep abstractive-gain data=news "data.output=$LOGS/news" > "$LOGS/news-prep.log" 2>&1 || {
+    echo "[rerun] loader: preparing its dataset FAILED: $LOGS/news-prep.log" >&2; return 1; }
+  echo "$HEAD" > "$stamp"
 }
 
 for name in "${WANT[@]}"; do
@@ -63,7 +76,7 @@ for name in "${WANT[@]}"; do
     mds) bench mds $R/bench_mds_cpu.json "$PY" benchmarks/bench_mds.py --out $R/bench_mds_cpu.json ;;
     summarize) bench summarize $R/bench_summarize_cpu.json \
         "$PY" benchmarks/bench_summarize.py --out $R/bench_summarize_cpu.json ;;
-    loader) news_dataset
+    loader) news_dataset || { FAILED+=(loader); continue; }
       bench loader $R/bench_loader_cpu.json "$PY" benchmarks/bench_loader.py --dataset "$LOGS/news" \
         --workers 0 1 2 --repeats 3 --out $R/bench_loader_cpu.json ;;
     scale-prep) bench scale-prep $R/bench_scale_prep_cpu.json "$PY" benchmarks/bench_scale.py \
@@ -74,7 +87,10 @@ for name in "${WANT[@]}"; do
         --sizes 100MB --skip prep,loader --slurm-size 100MB --out $R/bench_scale_nodes_cpu.json ;;
     projection) bench projection $R/projection_scaling.json "$PY" benchmarks/project_scaling.py \
         --out $R/projection_scaling.json ;;
-    *) echo "rerun_cpu.sh: no benchmark '$name' (${ALL[*]})" >&2; exit 2 ;;
   esac
 done
+if [ ${#FAILED[@]} -gt 0 ]; then
+  echo "[rerun] at ${HEAD:0:7}: FAILED ${FAILED[*]} (logs in $LOGS); the others are written" >&2
+  exit 1
+fi
 echo "[rerun] at ${HEAD:0:7}; render the pages: python docs/tables.py"

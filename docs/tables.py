@@ -316,7 +316,9 @@ GENERATE_RATIOS = (
     ("VHT cross-attention over flat (time)", "vht_time_ratio"),
     ("ours over the anchors' search, batch 16 (summary tokens/s)", "speedup_over_anchor_search"),
     ("peak memory, beam 5 over beam 1: allocated tensors", "memory_ratio_tensors"),
+    ("the same, decoding phase (from the end of the encoder pass)", "memory_ratio_tensors_decode_phase"),
     ("peak memory, beam 5 over beam 1: process RSS", "memory_ratio_rss"),
+    ("the same, decoding phase", "memory_ratio_rss_decode_phase"),
     ("the anchors' peak RSS over ours, beam 5", "anchor_memory_ratio"))
 
 
@@ -447,7 +449,8 @@ BENCH_VIEWS: dict[str, BenchView] = {
                                                                 "spacy variant (default)"),
                                                                ("stanza's neural tokenizer (CPU)", "neural (CPU)"))),
         columns=(("words/s/core", "words_per_s_per_core", grouped),
-                 ("GIGA-CM, segmentation alone", "giga_cm_core_hours", lambda x: f"{x:.1f} core-hours"))),
+                 ("GIGA-CM, segmentation alone", "words_per_s_per_core",
+                  lambda rate: f"{GIGA_CM_WORDS / rate / 3600:.1f} core-hours"))),
     "scale-nodes": BenchView(
         corner="corpus",
         rows=(("100 MB", 0, "nodes"),),
