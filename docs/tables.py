@@ -442,7 +442,7 @@ BENCH_VIEWS: dict[str, BenchView] = {
                  ("PreSumm's set approximation", "docs_per_s.presumm_b", grouped),
                  ("naive rouge-score greedy", "docs_per_s.naive_rouge_score_a", fixed(1)),
                  ("labels identical to the naive greedy", ("identical_to_a", "reference_a_docs"),
-                  lambda v: f"{v[0]} / {v[1]}"))),
+                  lambda v: f"{v[0]:,} / {v[1]:,}"))),
     "segment": BenchView(
         corner="segmenter",
         rows=tuple((label, 0, f"rows.{key}") for label, key in (("stanza's spaCy variant (the offline default)",
