@@ -28,9 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from hibert.data_prep import prepare  # noqa: E402
 from hibert.config.data import DataConfig, SourceConfig, TokenizerConfig  # noqa: E402
-from workload import machine  # noqa: E402  (benchmarks/ is the script's own folder)
-
-GIGA_CM_WORDS = 2_854e6   # Zhang et al. 2019, §4.1 (as project_scaling.py)
+from workload import GIGA_CM_WORDS, machine  # noqa: E402  (benchmarks/ is the script's own folder)
 
 
 def run_once(recipe: Path, out: Path, workers: int) -> dict:

@@ -28,9 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from workload import machine, write_results  # noqa: E402
-
-GIGA_CM_WORDS = 2_854e6  # Zhang et al. 2019, §4.1: 2,854M words, ~6.6M documents (as project_scaling.py)
+from workload import GIGA_CM_WORDS, machine, write_results  # noqa: E402
 
 
 def corpus(docs: int, seed: int) -> list[list[str]]:

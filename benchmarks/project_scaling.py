@@ -29,9 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from workload import machine  # noqa: E402  (benchmarks/, the script's folder: the commit of the code that projected)
-
-GIGA_CM_WORDS = 2_854e6
+from workload import GIGA_CM_WORDS, machine  # noqa: E402  (benchmarks/, the script's folder: the commit of the code that projected)
 
 
 def measured_step(path: Path, size: str) -> dict:

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+GIGA_CM_WORDS = 2_854e6   # Zhang et al. 2019, §4.1: GIGA-CM's 2,854M words (~6.6M documents)
 
 
 def cnndm_lengths(path: Path | None = None, max_tokens: int = 50, max_sents: int = 30,

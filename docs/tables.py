@@ -32,6 +32,7 @@ import ast
 import difflib
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -149,9 +150,7 @@ def spread(values: list[float]) -> str:
 
     if len(values) == 1:
         return num(values[0])
-    mean = sum(values) / len(values)
-    sd = (sum((x - mean) ** 2 for x in values) / (len(values) - 1)) ** 0.5
-    return f"{num(mean)} ± {num(sd)} (" + " / ".join(map(num, values)) + ")"
+    return f"{num(statistics.mean(values))} ± {num(statistics.stdev(values))} (" + " / ".join(map(num, values)) + ")"
 
 
 def training(results: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -277,7 +276,7 @@ def overlap_rates(v: tuple[float, float, float, float]) -> str:
     return rate(v[0], v[1]) if v[0] == v[2] else f"{rate(v[0], v[1])} / {rate(v[2], v[3])}"
 
 
-GIGA_CM_WORDS = 2_854e6   # Zhang et al. 2019, §4.1 (as benchmarks/project_scaling.py)
+GIGA_CM_WORDS = 2_854e6   # Zhang et al. 2019, §4.1 (as benchmarks/workload.py)
 NODE_CORES = (32, 16 * 32)
 
 
