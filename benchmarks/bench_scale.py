@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import resource
 import subprocess
 import sys
 import tempfile
@@ -46,8 +45,15 @@ WRAP = ("import resource, subprocess, sys, time; t = time.time(); rc = subproces
 TARGETS = {"words_per_core_drop_max": 0.15, "rss_growth_max": 1.2, "open_and_resume_s_max": 1.0}
 
 LOADER_PROBE = r"""
-import json, resource, sys, time
+import json, sys, time
 import numpy as np
+def peak_rss_mb():
+    # this process's own high-water mark: VmHWM belongs to the address space exec made; ru_maxrss does not
+    # restart at exec, so it would report the benchmark's own (forking) process whenever that is larger
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 t0 = time.perf_counter()
 from hibert.data_prep import DocumentDataset
 from hibert.runtime.batching import doc_costs, plan_epoch
@@ -63,10 +69,21 @@ first_tokens = read(plan.batches[0])
 first = time.perf_counter()
 middle_tokens = read(plan.batches[len(plan.batches) // 2])
 middle = time.perf_counter()
+rss_mb = peak_rss_mb()
+# what an open dataset holds on the Python heap (and its peak while parsing the manifest): a second open, after
+# the timings and the RSS are taken, since tracing slows the allocator; the per-process record of the split's
+# shard files that the first open made is dropped first, so that the second makes (and counts) it again
+import os, tracemalloc
+sys.modules[DocumentDataset.__module__]._CHECKED.clear()
+tracemalloc.start()
+again = DocumentDataset(sys.argv[1], "train")
+held, parse_peak = tracemalloc.get_traced_memory()
+tracemalloc.stop()
 print(json.dumps({"chunks": len(ds), "batches": len(plan.batches), "open_s": opened - imported,
                   "plan_s": planned - opened, "first_batch_s": first - planned, "resume_batch_s": middle - first,
                   "open_to_resume_s": (opened - imported) + (planned - opened) + (middle - first),
-                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "rss_mb": rss_mb, "manifest_mb": os.path.getsize(os.path.join(sys.argv[1], "manifest.json")) / 1e6,
+                  "open_heap_mb": held / 1e6, "open_heap_peak_mb": parse_peak / 1e6}))
 """
 
 

@@ -214,11 +214,11 @@ def test_benchmark_rows_join_objects_select_list_elements_and_derive_cells(tmp_p
     with pytest.raises(KeyError):
         tables.lookup(rows, "rows.stage=loader w=9")
     loader = {"args": {"dataset": "/tmp/news", "workers": [0, 1, 2], "repeats": 3, "pin": False},
-              "rows": [{"stage": s, "tokens_per_s": 5.68e6, "x_gpu_target": 4.148}
-                       for s in ("make_item", "loader w=1", "loader w=2")]}
+              "rows": [{"stage": s, "ms_per_batch": 6.94, "tokens_per_s": 5.68e6, "x_gpu_target": 4.148}
+                       for s in ("make_item", "per-document ref", "loader w=1", "loader w=2")]}
     (bench / "l.json").write_text(json.dumps(loader))
     block = tables.render_block(tmp_path, "benchmarks/results/l.json", "loader").splitlines()
-    assert block[3] == "| DataLoader, 1 worker (make_item + hand-over) | 5.7M | 4.1 |"
+    assert block[4] == "| DataLoader, 1 worker (make_item + hand-over) | 6.9 | 5.7M | 4.1 |"
     assert block[-1] == ("Made by `python benchmarks/bench_loader.py --dataset /tmp/news --workers 0 1 2 --repeats 3` "
                          "(benchmarks/results/l.json, which does not record the commit it ran at: "
                          "`bash benchmarks/rerun_cpu.sh` remakes it at one).")
