@@ -64,6 +64,25 @@ def test_metric_line_and_banner_are_plain_text():
     assert "world size  8" in text and "ZeRO stage  2" in text
 
 
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmHWM is Linux's")
+def test_host_peak_memory_is_the_process_own_not_the_launcher_that_forked_it():
+    # a launcher that holds 1 GB starts a rank: ru_maxrss survives fork + exec, so the rank would report >= 1 GB
+    launcher = textwrap.dedent("""
+        import subprocess, sys
+        held = b"x" * (1 << 30)   # resident: written, not calloc'd
+        rss = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS:"))
+        rank = subprocess.run([sys.executable, "-c", "import torch; from hibert.runtime.metrics import "
+                               "peak_memory_gb; print(peak_memory_gb(torch.device('cpu')) * 2**20)"],
+                              capture_output=True, text=True, check=True)
+        print(rss, float(rank.stdout.split()[-1]))
+    """)
+    out = subprocess.run([sys.executable, "-c", launcher], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    launcher_kib, rank_kib = map(float, out.stdout.split())
+    assert launcher_kib > 1 << 20
+    assert 0 < rank_kib < launcher_kib - (600 << 10)   # torch alone: ~250 MB
+
+
 def test_window_reports_collate_time_and_the_step_breakdown_per_step():
     import torch
 

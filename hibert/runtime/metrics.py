@@ -24,7 +24,20 @@ def default_peak_tflops(device: torch.device, configured: float | None) -> float
 def peak_memory_gb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is KiB on Linux
+    return host_peak_rss_kib() / 2**20
+
+
+def host_peak_rss_kib() -> int:
+    """This process's peak resident set. Linux's VmHWM belongs to the address space exec made; ru_maxrss does not
+    restart at exec, so a rank started by a launcher that had grown larger would report the launcher's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux (no /proc elsewhere)
 
 
 class Window:
