@@ -378,7 +378,10 @@ BENCH_VIEWS: dict[str, BenchView] = {
         columns=(("chunks", "chunks", count), ("open", "open_s", fixed(3, " s")),
                  ("plan", "plan_s", fixed(3, " s")), ("first batch", "first_batch_s", fixed(3, " s")),
                  ("resume (middle batch)", "resume_batch_s", fixed(3, " s")),
-                 ("merge", "prep.merge_s", fixed(1, " s")), ("RSS", "rss_mb", fixed(0, " MB")))),
+                 ("merge", "prep.merge_s", fixed(1, " s")), ("manifest", "manifest_mb", fixed(1, " MB")),
+                 ("held by an open dataset (parsing peak)", ("open_heap_mb", "open_heap_peak_mb"),
+                  lambda v: f"{v[0]:.2f} MB ({v[1]:.1f} MB)"),
+                 ("peak RSS of the process", "rss_mb", fixed(0, " MB")))),
     "soak": BenchView(
         corner="job",
         rows=(("one pretraining job on the local Slurm cluster", 0, ""),),
