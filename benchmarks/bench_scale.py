@@ -47,16 +47,10 @@ TARGETS = {"words_per_core_drop_max": 0.15, "rss_growth_max": 1.2, "open_and_res
 LOADER_PROBE = r"""
 import json, sys, time
 import numpy as np
-def peak_rss_mb():
-    # this process's own high-water mark: VmHWM belongs to the address space exec made; ru_maxrss does not
-    # restart at exec, so it would report the benchmark's own (forking) process whenever that is larger
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
 t0 = time.perf_counter()
 from hibert.data_prep import DocumentDataset
 from hibert.runtime.batching import doc_costs, plan_epoch
+from hibert.runtime.host_memory import host_peak_rss_kib   # the probe's own peak, not its forking parent's
 imported = time.perf_counter()
 ds = DocumentDataset(sys.argv[1], "train")
 opened = time.perf_counter()
@@ -69,7 +63,7 @@ first_tokens = read(plan.batches[0])
 first = time.perf_counter()
 middle_tokens = read(plan.batches[len(plan.batches) // 2])
 middle = time.perf_counter()
-rss_mb = peak_rss_mb()
+rss_mb = host_peak_rss_kib() / 1024
 # what an open dataset holds on the Python heap (and its peak while parsing the manifest): a second open, after
 # the timings and the RSS are taken, since tracing slows the allocator; the per-process record of the split's
 # shard files that the first open made is dropped first, so that the second makes (and counts) it again

@@ -2,11 +2,12 @@
 logged that a checkpoint keeps (`gather_window` / `restore_window`)."""
 from __future__ import annotations
 
-import resource
 import time
 
 import torch
 import torch.distributed as dist
+
+from hibert.runtime.host_memory import host_peak_rss_kib
 
 # Dense bf16 peak TFLOP/s per device, for MFU when tracking.peak_tflops is not set.
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
@@ -25,19 +26,6 @@ def peak_memory_gb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     return host_peak_rss_kib() / 2**20
-
-
-def host_peak_rss_kib() -> int:
-    """This process's peak resident set. Linux's VmHWM belongs to the address space exec made; ru_maxrss does not
-    restart at exec, so a rank started by a launcher that had grown larger would report the launcher's peak."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux (no /proc elsewhere)
 
 
 class Window:
