@@ -20,6 +20,8 @@ Views of `hibert compare --results` files (schema hibert-results/1, docs/results
   positions     % of each extracting system's picks at sentence 1, 2, ..., 10+ (its seeds' reports summed)
   training      each trained system's validation perplexity (else loss) at its last step and its outputs' mean
                 words, over seeds
+  pretraining   the encoders the systems were finetuned from, each once: stage, init, steps, the pretraining
+                objective's validation perplexity at the last step, the commit
 Views of benchmark JSON (benchmarks/results/*.json): the names in BENCH_VIEWS, each a list of rows (a path into
 the file) and columns (a key under the row and its format), rendered by one generic renderer. A path is dotted
 keys, list positions or `key=value&key=value` (the list's element whose fields are those); a row or a column given
@@ -175,14 +177,45 @@ def training(results: dict[str, Any]) -> tuple[list[str], list[str]]:
                          "before they were kept: rerun its `hibert compare --results`)")
     head = [f"{m.removeprefix('valid_')} (valid, last step)" for m in metrics] + (["words"] if words else [])
     return table(["system", "seeds", *head], rows), [
-        "Validation at each model's last training step and its outputs' mean words on the test "
-        "documents: one seed's value, or mean ± sd over the seeds (each seed's value, in the seeds column's "
-        "order); an untrained baseline has no validation metrics."]
+        ("Validation at each model's last training step and its outputs' mean words on the test "
+         "documents: one seed's value, or mean ± sd over the seeds (each seed's value, in the seeds column's "
+         "order); an untrained baseline has no validation metrics.")]
+
+
+def pretraining(results: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The encoders the systems were finetuned from (each run's `encoder`, from its init copy), each counted
+    once however many finetunings share it: stage, the init it continued, its last step, the pretraining
+    objective's validation perplexity there (else loss), and the commit it was trained at."""
+    rows = []
+    for name, system in results["systems"].items():
+        runs = [r for r in system["runs"] if r.get("row") in ("model", "ranker")]
+        if not runs:
+            continue
+        if not any("encoder" in r for r in runs):
+            rows.append([name, "none (random init)", "", "", "", "", ""])
+            continue
+        if not all("encoder" in r for r in runs):
+            raise TableError(f"system {name!r} mixes runs with and without a pretrained encoder")
+        encoders = list({r["encoder"]["run"]: r["encoder"] for r in runs}.values())
+        metric = "valid_ppl" if all("valid_ppl" in e["last_valid"] for e in encoders) else "valid_loss"
+        one = [" / ".join(dict.fromkeys(str(e[key]) for e in encoders)) for key in ("stage", "init", "step")]
+        rows.append([name, str(len(encoders)), *one,
+                     spread([e["last_valid"][metric] for e in encoders]) + ("" if metric == "valid_ppl" else " (loss)"),
+                     " / ".join(dict.fromkeys(short(e["model_commit"]) for e in encoders))])
+    if not any(r[1] != "none (random init)" for r in rows):
+        raise TableError("no system of this results file records its pretrained encoder (a file written before "
+                         "encoders were kept: rerun its `hibert compare --results`)")
+    return table(["system", "encoders", "stage", "continued from", "steps", "ppl (valid, last step)",
+                  "pretrained at"], rows), [
+        ("The encoders each system was finetuned from, each counted once (finetuning seeds share one): the masked-"
+         "sentence objective's validation perplexity at the encoder's last step, one encoder's value or mean ± sd "
+         "over the encoders (each one's value).")]
 
 
 # a view: (the table's lines, the notes under the line saying what made it)
 RESULT_VIEWS: dict[str, Callable[[dict[str, Any]], tuple[list[str], list[str]]]] = {
-    "rouge-seeds": rouge_seeds, "paired": paired, "positions": positions, "training": training}
+    "rouge-seeds": rouge_seeds, "paired": paired, "positions": positions, "training": training,
+    "pretraining": pretraining}
 
 
 # ------------------------------------------------------------------ benchmark JSON

@@ -75,7 +75,23 @@ def run_facts(report_path: Path, run_dir: Path, row: str) -> dict[str, Any]:
     words = ((_read_json(report_path) or {}).get("abstractiveness") or {}).get(row, {}).get("mean_words")
     if isinstance(words, (int, float)):
         facts["words"] = words
+    if row in ("model", "ranker") and (encoder := encoder_facts(run_dir)) is not None:
+        facts["encoder"] = encoder
     return facts
+
+
+def encoder_facts(run_dir: Path) -> dict[str, Any] | None:
+    """The pretrained encoder a finetuning started from, as the run copied it (`<run>/init/export.json`, the
+    export `run.init` resolved to): its MLflow run, stage, the init it continued, its last step, its validation
+    metrics there (`last_valid`: the pretraining objective on its validation split) and the commit it was
+    trained at. None for a random start (no init copy)."""
+    export = _read_json(run_dir / "init" / "export.json")
+    if export is None:
+        return None
+    final = export.get("final_metrics") if isinstance(export.get("final_metrics"), dict) else {}
+    return {"run": export.get("mlflow_run_id"), "stage": export.get("stage"), "init": export.get("init") or "random",
+            "step": export.get("step"), "model_commit": str(export.get("git_commit") or UNKNOWN),
+            "last_valid": {k: v for k, v in final.items() if isinstance(v, (int, float))}}
 
 
 def run_seed(run_dir: Path) -> int | None:

@@ -140,6 +140,32 @@ def test_reports_of_models_made_at_different_commits_are_refused_unless_allowed(
     assert f"Made at several commits ({C1[:7]}, {C2[:7]}) by `hibert compare" in _tables().made_line(res, "mixed.json")
 
 
+def test_the_encoders_a_system_was_finetuned_from_are_kept_and_shown_once_each(tmp_path, monkeypatch):
+    """`hibert compare --results` keeps each finetuning's encoder (its `init/export.json` copy: stage, init, step,
+    the pretraining objective's last validation metrics, commit); the `pretraining` view counts each encoder once
+    however many finetunings share it, and says "none" for a random start."""
+    monkeypatch.chdir(tmp_path)
+    items = _two_systems(tmp_path)
+    items.append(f"P={_run(tmp_path, 'p-seed3', 3, [34.0, 44.0, 54.0, 64.0], C1)}")
+    for name, enc, ppl in (("p-seed1", "enc-a", 270.0), ("p-seed2", "enc-a", 270.0), ("p-seed3", "enc-b", 280.0)):
+        (tmp_path / "runs" / name / "init").mkdir()
+        (tmp_path / "runs" / name / "init" / "export.json").write_text(json.dumps(
+            {"mlflow_run_id": enc, "stage": "in-domain", "init": "models:/hibert-encoder@open-domain", "step": 429,
+             "git_commit": C2, "final_metrics": {"valid_ppl": ppl, "valid_loss": 5.6, "note": "text"}}))
+    out = tmp_path / "enc.json"
+    assert hibert(["compare", *items, "--bootstrap", "50", "--results", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert "encoder" not in res["systems"]["R"]["runs"][0]
+    assert res["systems"]["P"]["runs"][0]["encoder"] == {
+        "run": "enc-a", "stage": "in-domain", "init": "models:/hibert-encoder@open-domain", "step": 429,
+        "model_commit": C2, "last_valid": {"valid_ppl": 270.0, "valid_loss": 5.6}}
+    lines = _tables().pretraining(res)[0]
+    assert lines[0] == "| system | encoders | stage | continued from | steps | ppl (valid, last step) | pretrained at |"
+    assert lines[2] == "| R | none (random init) |  |  |  |  |  |"
+    assert lines[3] == (f"| P | 2 | in-domain | models:/hibert-encoder@open-domain | 429 | 275 ± 7 (270 / 280) | "
+                        f"{C2[:7]} |")
+
+
 def test_a_models_commit_comes_from_the_report_or_the_export_it_evaluated(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _run(tmp_path, "a", 1, [1.0] * 4, C1)
