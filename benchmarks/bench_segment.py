@@ -9,6 +9,11 @@ the model learned,
 so its speed stands for the real model's (stanza's published models may set other sizes: then this is an
 estimate), while its agreement with the spaCy variant says nothing about the real model's and is reported as
 such. Both run through the project's own segmenters (data_prep/segment.py), one thread each (words/s/core).
+The spaCy variant runs twice: on its fast path (`fast: true`, the default: spaCy's Language over the paragraphs)
+and through stanza's Document objects (`fast: false`), whose sentences and tokens are the same. Start-up: a fresh
+process that builds the default segmenter and segments one paragraph, timed from outside (interpreter start
+included), on the direct path (stanza's variant built without importing stanza or torch, data_prep/spacy_light.py)
+and through `stanza.Pipeline`, against the interpreter alone; best of `--rounds`.
 
     python benchmarks/bench_segment.py                        # stand-in model, CPU
     python benchmarks/bench_segment.py --stanza-dir ~/stanza_resources            # the real English model
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -80,6 +86,29 @@ def timed(segmenter, docs: list[list[str]], rounds: int) -> tuple[float, list]:
     return best, out
 
 
+STARTUP = """
+from hibert.config.data import SegmenterConfig
+from hibert.data_prep.segment import SpacySegmenter, direct_fast_path
+cfg = SegmenterConfig(kind="spacy", fast={fast})
+assert direct_fast_path(cfg) == {fast}, "the direct path needs the verified stanza version"
+SpacySegmenter(cfg).segment([["The first sentence is here. And a second one follows."]])
+"""
+
+
+def startup(rounds: int) -> dict:
+    """Seconds a fresh process takes to segment one paragraph, interpreter start included (best of `rounds`):
+    the direct path, through stanza.Pipeline, and the interpreter alone."""
+    cases = {"direct path (no stanza, no torch)": STARTUP.format(fast=True),
+             "through stanza.Pipeline": STARTUP.format(fast=False), "python alone": "pass"}
+    best = {name: float("inf") for name in cases}
+    for _ in range(rounds):
+        for name, code in cases.items():
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return {name: {"seconds": t} for name, t in best.items()}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--docs", type=int, default=400, help="documents timed (half Reuters, half CNN/DM)")
@@ -108,18 +137,24 @@ def main() -> int:
         stanza_dir = train_stand_in(Path(tmp.name) / "stanza", args.steps, args.seed)
         print(f"[segment] stand-in model trained in {time.time() - t0:.0f} s", flush=True)
     spacy_s, spacy_out = timed(SpacySegmenter(SegmenterConfig(kind="spacy")), docs, args.rounds)
+    full_s, full_out = timed(SpacySegmenter(SegmenterConfig(kind="spacy", fast=False)), docs, args.rounds)
+    assert full_out == spacy_out, "the fast path's sentences differ from stanza's Document objects'"
     neural = NeuralSegmenter(SegmenterConfig(kind="neural", stanza_dir=str(stanza_dir), use_gpu=args.use_gpu))
     neural_s, neural_out = timed(neural, docs, args.rounds)
-    rows = {"spacy variant (default)": spacy_s, f"neural ({'GPU' if args.use_gpu else 'CPU'})": neural_s}
+    rows = {"spacy variant (default)": spacy_s, "spacy variant, fast: false": full_s,
+            f"neural ({'GPU' if args.use_gpu else 'CPU'})": neural_s}
     result = {"machine": machine(), "documents": len(docs), "words": words, "model": model,
               "rows": {name: {"seconds": s, "words_per_s_per_core": words / s,
                               "giga_cm_core_hours": GIGA_CM_WORDS / (words / s) / 3600} for name, s in rows.items()},
               "agreement": agreement(boundaries(spacy_out), boundaries(neural_out)),
-              "agreement_meaningful": args.stanza_dir is not None}
+              "agreement_meaningful": args.stanza_dir is not None,
+              "fast_path_speedup": full_s / spacy_s, "startup": startup(max(3, args.rounds))}
     print(f"\n{len(docs)} documents, {words:,} words; neural model: {model}")
     print(f"{'segmenter':<26} {'words/s/core':>13} {'GIGA-CM core-hours':>19}")
     for name, r in result["rows"].items():
         print(f"{name:<26} {r['words_per_s_per_core']:>13,.0f} {r['giga_cm_core_hours']:>19,.0f}")
+    for name, r in result["startup"].items():
+        print(f"start-up, {name}: {r['seconds']:.2f} s")
     a = result["agreement"]
     print(f"sentence-boundary F1, neural vs spaCy variant: {a['boundary_f1']:.3f} ({a['sentences_neural']} vs "
           f"{a['sentences_spacy']} sentences)" + ("" if result["agreement_meaningful"] else

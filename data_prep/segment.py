@@ -8,10 +8,10 @@ manifest, and a missing model is an error):
   It needs no model, so it runs offline: stanza only needs a `dir` holding a minimal resources.json.
   With `fast` (default) the paragraphs go through the spaCy Language object that stanza's variant builds,
   batched with `nlp.pipe`, instead of being wrapped token by token into stanza Documents: the same
-  sentences and tokens (tests/test_data_prep_segment.py checks it against the full stanza pipeline) at
-  about five times the speed. When the installed stanza's variant is one whose recipe was checked
+  sentences and tokens (tests/test_data_prep_segment.py checks it against the full stanza pipeline), several
+  times faster (benchmarks/bench_segment.py measures both). When the installed stanza's variant is one whose recipe was checked
   (`English()` + `sentencizer`), the fast path builds that Language itself and loads neither stanza nor torch
-  (3-4 s less start-up per process); any other stanza version goes through `stanza.Pipeline`.
+  (seconds less start-up per process: bench_segment.py's start-up rows); any other stanza version goes through `stanza.Pipeline`.
 Paragraphs are segmented separately, so no sentence crosses a paragraph break. Sentence text is returned
 with whitespace collapsed (one readable line); the word count is the number of tokens.
 """

@@ -483,12 +483,28 @@ BENCH_VIEWS: dict[str, BenchView] = {
                   lambda v: f"{v[0]:,} / {v[1]:,}"))),
     "segment": BenchView(
         corner="segmenter",
-        rows=tuple((label, 0, f"rows.{key}") for label, key in (("stanza's spaCy variant (the offline default)",
-                                                                "spacy variant (default)"),
-                                                               ("stanza's neural tokenizer (CPU)", "neural (CPU)"))),
+        rows=tuple((label, 0, f"rows.{key}") for label, key in (
+            ("stanza's spaCy variant (the offline default)", "spacy variant (default)"),
+            ("the same through stanza's Document objects (`fast: false`)", "spacy variant, fast: false"),
+            ("stanza's neural tokenizer (CPU)", "neural (CPU)"))),
         columns=(("words/s/core", "words_per_s_per_core", grouped),
                  ("GIGA-CM, segmentation alone", "words_per_s_per_core",
                   lambda rate: f"{GIGA_CM_WORDS / rate / 3600:.1f} core-hours"))),
+    "segment-startup": BenchView(
+        corner="a fresh process segments one paragraph",
+        rows=(("direct path: stanza's variant built without stanza or torch", 0,
+               "startup.direct path (no stanza, no torch)"),
+              ("through `stanza.Pipeline`", 0, "startup.through stanza.Pipeline"),
+              ("the interpreter alone", 0, "startup.python alone")),
+        columns=(("seconds, interpreter start included", "seconds", fixed(2, " s")),)),
+    "stemmer": BenchView(
+        corner="corpus",
+        rows=(("CNN/DM articles + highlights", 0, "stemmer"),),
+        columns=(("distinct words stemmed", "distinct_words", grouped),
+                 ("data_prep/porter.py, words/s", "words_per_s.ours", grouped),
+                 ("nltk's PorterStemmer (rouge-score's), words/s", "words_per_s.nltk", grouped),
+                 ("speed-up", "speedup", fixed(2, "×")),
+                 ("identical stems", ("identical", "distinct_words"), lambda v: f"{v[0]:,} / {v[1]:,}"))),
     "scale-nodes": BenchView(
         corner="corpus",
         rows=(("100 MB", 0, "nodes"),),

@@ -51,7 +51,7 @@ class SegmenterConfig(Section):
     use_gpu: bool = False                  # neural only
     batch_size: int = Field(256, ge=1)     # documents per segmentation batch
     # spacy kind: run the spaCy Language object stanza's variant builds instead of wrapping every token into
-    # stanza Document objects (identical sentences and tokens, ~5x faster; the tests check the identity).
+    # stanza Document objects (identical sentences and tokens, several times faster: benchmarks/bench_segment.py; the tests check the identity).
     fast: bool = True
 
 
