@@ -99,7 +99,7 @@ def startup(rounds: int) -> dict:
     """Seconds a fresh process takes to segment one paragraph, interpreter start included (best of `rounds`):
     the direct path, through stanza.Pipeline, and the interpreter alone."""
     cases = {"direct path (no stanza, no torch)": STARTUP.format(fast=True),
-             "through stanza.Pipeline": STARTUP.format(fast=False), "python alone": "pass"}
+             "through stanza Pipeline": STARTUP.format(fast=False), "python alone": "pass"}
     best = {name: float("inf") for name in cases}
     for _ in range(rounds):
         for name, code in cases.items():

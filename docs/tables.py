@@ -494,7 +494,7 @@ BENCH_VIEWS: dict[str, BenchView] = {
         corner="a fresh process segments one paragraph",
         rows=(("direct path: stanza's variant built without stanza or torch", 0,
                "startup.direct path (no stanza, no torch)"),
-              ("through `stanza.Pipeline`", 0, "startup.through stanza.Pipeline"),
+              ("through `stanza.Pipeline`", 0, "startup.through stanza Pipeline"),
               ("the interpreter alone", 0, "startup.python alone")),
         columns=(("seconds, interpreter start included", "seconds", fixed(2, " s")),)),
     "stemmer": BenchView(
