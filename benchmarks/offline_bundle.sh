@@ -4,10 +4,17 @@
 # ship only as sdists (DeepSpeed, rouge-score) built here, minus what the node already has. Then, on the node:
 #   python3 -m pip install --no-index --no-deps --target /tmp/site OUT/*.whl && export PYTHONPATH=/tmp/site
 #
-#   bash benchmarks/offline_bundle.sh 3.12 .whl [installed.txt]
+#   bash benchmarks/offline_bundle.sh [--suite] 3.12 .whl [installed.txt]
 # installed.txt: names the node already has (one per line or comma-separated, e.g. `pip list` there); those
 # are left out (torch always is: the node's CUDA build stays). Needs pip that reaches an index (or a mirror).
+# --suite: what benchmarks/device_suite.sh imports and nothing more, small enough to travel with the working tree
+# to a lent machine (its copy holds 64 MiB): MLflow's tracking client and SQL stores (mlflow-skinny + SQLAlchemy +
+# Alembic) instead of the full mlflow, whose server, UI and data-science dependencies (pyarrow, scipy, pandas,
+# scikit-learn, matplotlib) the suite never imports; pytest and pytest-timeout for its CUDA tests. It prints the
+# bundle's size with the working tree's, against that limit, and fails above it.
 set -euo pipefail
+SUITE=0
+if [ "${1:-}" = "--suite" ]; then SUITE=1; shift; fi
 PY_VERSION=${1:?python version of the node, e.g. 3.12}
 OUT=${2:?output directory}
 INSTALLED=${3:-}
@@ -22,16 +29,24 @@ for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manyl
   PLATFORMS+=(--platform "$p")
 done
 # what the runtime imports (pretrain / finetune / evaluate); data prep (stanza, spacy, datasets) runs on CPU nodes
-REQS=$("$PY" - "$HERE/pyproject.toml" <<'EOF'
+REQS=$("$PY" - "$HERE/pyproject.toml" "$SUITE" <<'EOF'
 import sys, tomllib
 deps = tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]
+suite = sys.argv[2] == "1"
 import importlib.metadata as m
 skip = {"torch", "deepspeed", "rouge-score", "stanza", "spacy", "datasets"}
+if suite:   # evaluation's plots and statistics: not on the suite's path
+    skip |= {"matplotlib", "scipy"}
 name = lambda d: d.split(">")[0].split("=")[0].split("[")[0].strip().lower()  # noqa: E731
-# SentencePiece at this machine's version: the tokenizer the device suite trains must be the one the committed CPU
-# reference curve was made with (benchmarks/results/device_suite_reference_cpu.json), whatever the node has
-print(" ".join(f"sentencepiece=={m.version('sentencepiece')}" if name(d) == "sentencepiece" else d
-               for d in deps if name(d) not in skip))
+def pinned(d):
+    # SentencePiece at this machine's version: the tokenizer the device suite trains must be the one the committed
+    # CPU reference curve was made with (benchmarks/results/device_suite_reference_cpu.json), whatever the node has
+    if name(d) == "sentencepiece":
+        return f"sentencepiece=={m.version('sentencepiece')}"
+    if name(d) == "mlflow" and suite:   # the same MLflow, its client and SQL stores only
+        return f"mlflow-skinny=={m.version('mlflow')} sqlalchemy alembic"
+    return d
+print(" ".join(pinned(d) for d in deps if name(d) not in skip) + (" pytest pytest-timeout" if suite else ""))
 EOF
 )
 DS_VERSION=$("$PY" -c "import importlib.metadata as m; print(m.version('deepspeed'))")
@@ -62,3 +77,18 @@ for whl in sorted(src.glob("*.whl")):
     size += whl.stat().st_size
 print(f"{len(kept)} wheels, {size / 2**20:.1f} MiB in {out}")
 EOF
+if [ "$SUITE" = 1 ]; then
+  "$PY" - "$HERE" "$OUT" <<'EOF'
+import subprocess, sys
+from pathlib import Path
+# what a device tool copies: the tracked files and the untracked ones git does not ignore, plus the carried bundle
+root, out = Path(sys.argv[1]), Path(sys.argv[2])
+listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                        check=True, capture_output=True).stdout.decode().split("\0")
+tree = sum((root / f).stat().st_size for f in listed if f and (root / f).is_file()) / 2**20
+whl = sum(f.stat().st_size for f in out.glob("*.whl")) / 2**20
+print(f"carried: working tree {tree:.1f} MiB + {out} {whl:.1f} MiB = {tree + whl:.1f} MiB "
+      "(a device tool copies 64 MiB)")
+sys.exit(1 if tree + whl > 64 else 0)
+EOF
+fi

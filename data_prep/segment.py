@@ -9,9 +9,10 @@ manifest, and a missing model is an error):
   With `fast` (default) the paragraphs go through the spaCy Language object that stanza's variant builds,
   batched with `nlp.pipe`, instead of being wrapped token by token into stanza Documents: the same
   sentences and tokens (tests/test_data_prep_segment.py checks it against the full stanza pipeline), several
-  times faster (benchmarks/bench_segment.py measures both). When the installed stanza's variant is one whose recipe was checked
-  (`English()` + `sentencizer`), the fast path builds that Language itself and loads neither stanza nor torch
-  (seconds less start-up per process: bench_segment.py's start-up rows); any other stanza version goes through `stanza.Pipeline`.
+  times faster (benchmarks/bench_segment.py measures both). When the installed stanza's variant is one whose
+  recipe was checked (`English()` + `sentencizer`), the fast path builds that Language itself and loads neither
+  stanza nor torch (seconds less start-up per process: bench_segment.py's start-up rows); any other stanza
+  version goes through `stanza.Pipeline`.
 Paragraphs are segmented separately, so no sentence crosses a paragraph break. Sentence text is returned
 with whitespace collapsed (one readable line); the word count is the number of tokens.
 """
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from hibert.config.data import SegmenterConfig
+from hibert.errors import UserError
 
 Sentence = tuple[str, int]        # (text, number of word tokens)
 
@@ -203,19 +205,34 @@ _CACHE: dict[str, Segmenter] = {}
 
 
 def make_segmenter(cfg: SegmenterConfig) -> Segmenter:
-    """One segmenter per setting and process (they hold no per-document state; loading takes seconds)."""
+    """One segmenter per setting and process (they hold no per-document state; loading takes seconds). Loaded
+    only when a document needs one: PTB-tokenized sources are split at their tokens."""
     key = cfg.model_dump_json()
     if key not in _CACHE:
+        missing = [name for name in ("stanza", "spacy") if importlib.util.find_spec(name) is None
+                   and (name == "stanza" and not direct_fast_path(cfg) or name == "spacy" and cfg.kind == "spacy")]
+        if missing:
+            raise UserError(f"data.segmenter.kind={cfg.kind} needs {' and '.join(missing)}, which this Python lacks "
+                            f"(pip install {' '.join(missing)}); sources with ptb_tokenized: true need no segmenter")
         _CACHE[key] = NeuralSegmenter(cfg) if cfg.kind == "neural" else SpacySegmenter(cfg)
     return _CACHE[key]
 
 
+def installed_version(name: str) -> str:
+    """A distribution's version, or "not installed" (a machine that only reads PTB-tokenized sources, such as a
+    bare GPU node, needs neither stanza nor spaCy)."""
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return "not installed"
+
+
 def segmenter_info(cfg: SegmenterConfig) -> dict[str, Any]:
     """What `make_segmenter(cfg).info` will say, without loading anything heavy."""
-    info: dict[str, Any] = {"library": "stanza", "stanza_version": md.version("stanza"), "processor": "tokenize",
-                            "kind": cfg.kind}
+    info: dict[str, Any] = {"library": "stanza", "stanza_version": installed_version("stanza"),
+                            "processor": "tokenize", "kind": cfg.kind}
     if cfg.kind == "spacy":
-        info.update(variant="spacy", spacy_version=md.version("spacy"), fast_path=cfg.fast, offline=True,
+        info.update(variant="spacy", spacy_version=installed_version("spacy"), fast_path=cfg.fast, offline=True,
                     built_by=built_by(cfg))
     else:
         models = neural_models(cfg)
