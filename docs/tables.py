@@ -142,10 +142,10 @@ def positions(results: dict[str, Any]) -> tuple[list[str], list[str]]:
         "% of each system's picked sentences at each position of the document, over its seeds' reports."]
 
 
-def spread(values: list[float]) -> str:
-    """One seed's value, or mean ± sd of the seeds' values (the values); whole numbers where the values are in
-    the hundreds (a perplexity), else two decimals."""
-    digits = 0 if max(abs(x) for x in values) >= 100 else 2
+def spread(values: list[float], digits: int | None = None) -> str:
+    """One seed's value, or mean ± sd of the seeds' values (the values); `digits` decimals, by default whole
+    numbers where the values are in the hundreds (a perplexity), else two."""
+    digits = digits if digits is not None else 0 if max(abs(x) for x in values) >= 100 else 2
 
     def num(x: float) -> str:
         return f"{x:.{digits}f}"
@@ -163,6 +163,7 @@ def training(results: dict[str, Any]) -> tuple[list[str], list[str]]:
     kept = {m for s in systems.values() for r in s["runs"] for m in r.get("last_valid", {})}
     metrics = ["valid_ppl"] if "valid_ppl" in kept else ["valid_loss"] if "valid_loss" in kept else []
     words = any("words" in r for s in systems.values() for r in s["runs"])
+    timed = any("seconds" in r for s in systems.values() for r in s["runs"])
     rows = []
     for name, system in systems.items():
         runs = system["runs"]
@@ -170,16 +171,25 @@ def training(results: dict[str, Any]) -> tuple[list[str], list[str]]:
             m in r.get("last_valid", {}) for r in runs) else "" for m in metrics]
         if words:
             cells.append(spread([r["words"] for r in runs]) if all("words" in r for r in runs) else "")
+        if timed:
+            cells.append(minutes(runs))
         if any(cells):
             rows.append([name, seed_list(system), *cells])
     if not rows:
         raise TableError("no system of this results file records validation metrics or words (a file written "
                          "before they were kept: rerun its `hibert compare --results`)")
-    head = [f"{m.removeprefix('valid_')} (valid, last step)" for m in metrics] + (["words"] if words else [])
+    head = ([f"{m.removeprefix('valid_')} (valid, last step)" for m in metrics] + (["words"] if words else [])
+            + (["training minutes"] if timed else []))
     return table(["system", "seeds", *head], rows), [
         ("Validation at each model's last training step and its outputs' mean words on the test "
          "documents: one seed's value, or mean ± sd over the seeds (each seed's value, in the seeds column's "
-         "order); an untrained baseline has no validation metrics.")]
+         "order); an untrained baseline has no validation metrics. Training minutes: each run's MLflow run, start "
+         "to end (set-up and export included).")]
+
+
+def minutes(runs: list[dict[str, Any]]) -> str:
+    """Each run's wall time in minutes (`seconds`, from its MLflow run), over the runs; empty where one has none."""
+    return spread([r["seconds"] / 60 for r in runs], digits=1) if all("seconds" in r for r in runs) else ""
 
 
 def pretraining(results: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -192,7 +202,7 @@ def pretraining(results: dict[str, Any]) -> tuple[list[str], list[str]]:
         if not runs:
             continue
         if not any("encoder" in r for r in runs):
-            rows.append([name, "none (random init)", "", "", "", "", ""])
+            rows.append([name, "none (random init)", "", "", "", "", "", ""])
             continue
         if not all("encoder" in r for r in runs):
             raise TableError(f"system {name!r} mixes runs with and without a pretrained encoder")
@@ -201,15 +211,15 @@ def pretraining(results: dict[str, Any]) -> tuple[list[str], list[str]]:
         one = [" / ".join(dict.fromkeys(str(e[key]) for e in encoders)) for key in ("stage", "init", "step")]
         rows.append([name, str(len(encoders)), *one,
                      spread([e["last_valid"][metric] for e in encoders]) + ("" if metric == "valid_ppl" else " (loss)"),
-                     " / ".join(dict.fromkeys(short(e["model_commit"]) for e in encoders))])
+                     minutes(encoders), " / ".join(dict.fromkeys(short(e["model_commit"]) for e in encoders))])
     if not any(r[1] != "none (random init)" for r in rows):
         raise TableError("no system of this results file records its pretrained encoder (a file written before "
                          "encoders were kept: rerun its `hibert compare --results`)")
     return table(["system", "encoders", "stage", "continued from", "steps", "ppl (valid, last step)",
-                  "pretrained at"], rows), [
+                  "minutes (this stage)", "pretrained at"], rows), [
         ("The encoders each system was finetuned from, each counted once (finetuning seeds share one): the masked-"
          "sentence objective's validation perplexity at the encoder's last step, one encoder's value or mean ± sd "
-         "over the encoders (each one's value).")]
+         "over the encoders (each one's value); minutes: the stage's MLflow run, start to end.")]
 
 
 # a view: (the table's lines, the notes under the line saying what made it)

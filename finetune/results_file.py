@@ -72,6 +72,8 @@ def run_facts(report_path: Path, run_dir: Path, row: str) -> dict[str, Any]:
         final = (export or {}).get("final_metrics")
         if isinstance(final, dict) and final:
             facts["last_valid"] = {k: v for k, v in final.items() if isinstance(v, (int, float))}
+        if (seconds := run_seconds(run_dir, (export or {}).get("mlflow_run_id"))) is not None:
+            facts["seconds"] = seconds
     words = ((_read_json(report_path) or {}).get("abstractiveness") or {}).get(row, {}).get("mean_words")
     if isinstance(words, (int, float)):
         facts["words"] = words
@@ -89,9 +91,37 @@ def encoder_facts(run_dir: Path) -> dict[str, Any] | None:
     if export is None:
         return None
     final = export.get("final_metrics") if isinstance(export.get("final_metrics"), dict) else {}
-    return {"run": export.get("mlflow_run_id"), "stage": export.get("stage"), "init": export.get("init") or "random",
-            "step": export.get("step"), "model_commit": str(export.get("git_commit") or UNKNOWN),
-            "last_valid": {k: v for k, v in final.items() if isinstance(v, (int, float))}}
+    facts = {"run": export.get("mlflow_run_id"), "stage": export.get("stage"), "init": export.get("init") or "random",
+             "step": export.get("step"), "model_commit": str(export.get("git_commit") or UNKNOWN),
+             "last_valid": {k: v for k, v in final.items() if isinstance(v, (int, float))}}
+    if (seconds := run_seconds(run_dir, export.get("mlflow_run_id"))) is not None:
+        facts["seconds"] = seconds
+    return facts
+
+
+def run_seconds(run_dir: Path, run_id: str | None) -> float | None:
+    """How long an MLflow run took (its end time less its start time: the whole training process, set-up and
+    export included), read from the store the run directory's config names (an encoder's run: the store its
+    finetuning resolved it from). None where the run, its store or its end is not at hand; a missing sqlite store
+    is not created."""
+    from hibert.registry import sqlite_path, tracking_uri
+
+    try:
+        cfg = yaml.safe_load((run_dir / "config.resolved.yaml").read_text())
+        uri = tracking_uri(cfg["tracking"]["uri"], cfg["run"]["output_dir"], create=False)
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    db = sqlite_path(uri)
+    if not run_id or (db is not None and not db.is_file()):
+        return None
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    try:
+        info = MlflowClient(uri).get_run(run_id).info
+    except MlflowException:
+        return None
+    return (info.end_time - info.start_time) / 1000 if info.end_time and info.start_time else None
 
 
 def run_seed(run_dir: Path) -> int | None:

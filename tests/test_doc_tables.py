@@ -160,10 +160,33 @@ def test_the_encoders_a_system_was_finetuned_from_are_kept_and_shown_once_each(t
         "run": "enc-a", "stage": "in-domain", "init": "models:/hibert-encoder@open-domain", "step": 429,
         "model_commit": C2, "last_valid": {"valid_ppl": 270.0, "valid_loss": 5.6}}
     lines = _tables().pretraining(res)[0]
-    assert lines[0] == "| system | encoders | stage | continued from | steps | ppl (valid, last step) | pretrained at |"
-    assert lines[2] == "| R | none (random init) |  |  |  |  |  |"
-    assert lines[3] == (f"| P | 2 | in-domain | models:/hibert-encoder@open-domain | 429 | 275 ± 7 (270 / 280) | "
+    assert lines[0] == ("| system | encoders | stage | continued from | steps | ppl (valid, last step) | "
+                        "minutes (this stage) | pretrained at |")
+    assert lines[2] == "| R | none (random init) |  |  |  |  |  |  |"
+    assert lines[3] == (f"| P | 2 | in-domain | models:/hibert-encoder@open-domain | 429 | 275 ± 7 (270 / 280) |  | "
                         f"{C2[:7]} |")
+
+
+def test_a_runs_training_time_is_its_mlflow_runs_and_a_missing_store_is_not_created(tmp_path, monkeypatch):
+    """`run_seconds`: the MLflow run's end less its start, from the store the run's config names (the default
+    sqlite file under run.output_dir); None, with nothing written, where that store does not exist."""
+    from mlflow.tracking import MlflowClient
+
+    from hibert.finetune.results_file import run_seconds
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run_dir = tmp_path / "out" / "ft"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.resolved.yaml").write_text(yaml.safe_dump(
+        {"run": {"output_dir": str(tmp_path / "out")}, "tracking": {"uri": None}}))
+    client = MlflowClient(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
+    run = client.create_run(client.create_experiment("x"), start_time=1_000_000)
+    client.set_terminated(run.info.run_id, end_time=1_000_000 + 95_500)
+    assert run_seconds(run_dir, run.info.run_id) == 95.5
+    assert run_seconds(run_dir, "no-such-run") is None and run_seconds(run_dir, None) is None
+    (run_dir / "config.resolved.yaml").write_text(yaml.safe_dump(
+        {"run": {"output_dir": str(tmp_path / "elsewhere")}, "tracking": {"uri": None}}))
+    assert run_seconds(run_dir, run.info.run_id) is None and not (tmp_path / "elsewhere").exists()
 
 
 def test_a_models_commit_comes_from_the_report_or_the_export_it_evaluated(tmp_path, monkeypatch):
