@@ -77,18 +77,23 @@ for whl in sorted(src.glob("*.whl")):
     size += whl.stat().st_size
 print(f"{len(kept)} wheels, {size / 2**20:.1f} MiB in {out}")
 EOF
-if [ "$SUITE" = 1 ]; then
-  "$PY" - "$HERE" "$OUT" <<'EOF'
-import subprocess, sys
+# OUT/bundle.json: what was built (bare_node_check.sh records it); with --suite, the carried size against the limit
+"$PY" - "$HERE" "$OUT" "$PY_VERSION" "$SUITE" "$INSTALLED" <<'EOF'
+import json, subprocess, sys
 from pathlib import Path
-# what a device tool copies: the tracked files and the untracked ones git does not ignore, plus the carried bundle
-root, out = Path(sys.argv[1]), Path(sys.argv[2])
-listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
-                        check=True, capture_output=True).stdout.decode().split("\0")
-tree = sum((root / f).stat().st_size for f in listed if f and (root / f).is_file()) / 2**20
-whl = sum(f.stat().st_size for f in out.glob("*.whl")) / 2**20
-print(f"carried: working tree {tree:.1f} MiB + {out} {whl:.1f} MiB = {tree + whl:.1f} MiB "
-      "(a device tool copies 64 MiB)")
-sys.exit(1 if tree + whl > 64 else 0)
+root, out, suite = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[4] == "1"
+wheels = sorted(out.glob("*.whl"))
+info = {"python": sys.argv[3], "suite": suite, "node_packages_left_out": sys.argv[5] or None,
+        "wheels": len(wheels), "wheels_mib": round(sum(f.stat().st_size for f in wheels) / 2**20, 2)}
+if suite:
+    # what a device tool copies: the tracked files and the untracked ones git does not ignore, plus the bundle
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                            check=True, capture_output=True).stdout.decode().split("\0")
+    info["tree_mib"] = round(sum((root / f).stat().st_size for f in listed if f and (root / f).is_file()) / 2**20, 2)
+    info["carried_mib"] = round(info["tree_mib"] + info["wheels_mib"], 2)
+    info["limit_mib"] = 64
+    print(f"carried: working tree {info['tree_mib']:.1f} MiB + {out} {info['wheels_mib']:.1f} MiB = "
+          f"{info['carried_mib']:.1f} MiB (a device tool copies 64 MiB)")
+(out / "bundle.json").write_text(json.dumps(info, indent=1) + "\n")
+sys.exit(1 if suite and info["carried_mib"] > 64 else 0)
 EOF
-fi
