@@ -23,7 +23,7 @@ if [ -n "$(git status --porcelain --untracked-files=no -- . ':(exclude)benchmark
   exit 2
 fi
 
-ALL=(oracle prep segment generate generate-noblock mds summarize loader scale-prep scale-loader scale-nodes
+ALL=(oracle prep segment bare-node generate generate-noblock mds summarize loader scale-prep scale-loader scale-nodes
      projection)
 WANT=("$@")
 [ ${#WANT[@]} -gt 0 ] || WANT=("${ALL[@]}")
@@ -68,6 +68,7 @@ for name in "${WANT[@]}"; do
     oracle) bench oracle $R/bench_oracle.json "$PY" benchmarks/bench_oracle.py --out $R/bench_oracle.json ;;
     prep) bench prep $R/bench_prep.json "$PY" benchmarks/bench_prep.py --out $R/bench_prep.json ;;
     segment) bench segment $R/bench_segment_cpu.json "$PY" benchmarks/bench_segment.py --out $R/bench_segment_cpu.json ;;
+    bare-node) bench bare-node $R/device_suite_bare_cpu.json bash benchmarks/bare_node_check.sh ;;
     generate) bench generate $R/bench_generate_cpu.json \
         "$PY" benchmarks/bench_generate.py --out $R/bench_generate_cpu.json ;;
     generate-noblock) bench generate-noblock $R/bench_generate_cpu_noblock.json \
