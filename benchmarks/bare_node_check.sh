@@ -6,9 +6,11 @@
 # travels. Writes benchmarks/results/device_suite_bare_cpu.json: both bundles (wheels, MiB, with the working tree,
 # against the 64 MiB a device tool copies) and the dry run's steps; exits 1 when a step fails or the bundle is too big.
 #   bash benchmarks/bare_node_check.sh [DEVICE_PYTHON] [OUT_JSON]
-# Needs a package index (or mirror) for the wheels and torch, like offline_bundle.sh. About 5 minutes on 2 cores.
+# Needs a package index (or mirror) for the wheels and torch, like offline_bundle.sh; TORCH_INDEX (e.g.
+# https://download.pytorch.org/whl/cpu) where the default index would give the CUDA build. About 5 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+unset PYTHONPATH   # bare: nothing but the virtualenv's own packages and the carried wheels
 DEVICE_PY=${1:-3.12}
 OUT=${2:-benchmarks/results/device_suite_bare_cpu.json}
 PY=${PYTHON:-.venv/bin/python}
@@ -19,7 +21,7 @@ TORCH=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
 
 echo "[bare] virtualenv with torch==$TORCH only"
 "$("$PY" -c "import sys; print(sys._base_executable)")" -m venv "$TMP/bare"   # this checkout's Python, bare
-"$TMP/bare/bin/python" -m pip install -q "torch==$TORCH"
+"$TMP/bare/bin/python" -m pip install -q "torch==$TORCH" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
 echo "[bare] suite bundles: Python $LOCAL_PY (the run) and $DEVICE_PY (the device's)"
 bash benchmarks/offline_bundle.sh --suite "$LOCAL_PY" "$TMP/whl-local" > "$TMP/bundle-local.log" 2>&1 \
   || { tail -20 "$TMP/bundle-local.log"; exit 1; }

@@ -122,7 +122,7 @@ def stemmers(docs, repeat: int) -> dict:
                     for w in re.sub(r"[^a-z0-9]+", " ", text.lower()).split() if len(w) > 3})
     nltk_stem = PorterStemmer().stem
     rounds: dict[str, list[float]] = {"ours": [], "nltk": []}
-    for _ in range(repeat):
+    for _ in range(max(1, repeat)):
         for name, fn in (("ours", porter_stem), ("nltk", nltk_stem)):
             t0 = time.perf_counter()
             out = [fn(w) for w in words]

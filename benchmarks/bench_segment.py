@@ -92,6 +92,8 @@ from hibert.data_prep.segment import SpacySegmenter, direct_fast_path
 cfg = SegmenterConfig(kind="spacy", fast={fast})
 assert direct_fast_path(cfg) == {fast}, "the direct path needs the verified stanza version"
 SpacySegmenter(cfg).segment([["The first sentence is here. And a second one follows."]])
+import sys
+assert not {fast} or not {{"stanza", "torch"}} & set(sys.modules), "the direct path loaded stanza or torch"
 """
 
 

@@ -44,7 +44,8 @@ def pinned(d):
     if name(d) == "sentencepiece":
         return f"sentencepiece=={m.version('sentencepiece')}"
     if name(d) == "mlflow" and suite:   # the same MLflow, its client and SQL stores only
-        return f"mlflow-skinny=={m.version('mlflow')} sqlalchemy alembic"
+        return (f"mlflow-skinny=={m.version('mlflow')} sqlalchemy=={m.version('sqlalchemy')} "
+                f"alembic=={m.version('alembic')}")
     return d
 print(" ".join(pinned(d) for d in deps if name(d) not in skip) + (" pytest pytest-timeout" if suite else ""))
 EOF

@@ -175,7 +175,12 @@ def neural_models(cfg: SegmenterConfig) -> list[Path]:
 
 
 def check_available(cfg: SegmenterConfig) -> None:
-    """Fail before any work when the configured segmenter cannot run here."""
+    """Fail before any work when the configured segmenter cannot run here: its packages, its models."""
+    missing = [name for name in ("stanza", "spacy") if importlib.util.find_spec(name) is None
+               and (name == "stanza" and not direct_fast_path(cfg) or name == "spacy" and cfg.kind == "spacy")]
+    if missing:
+        raise UserError(f"data.segmenter.kind={cfg.kind} needs {' and '.join(missing)}, which this Python lacks "
+                        f"(pip install {' '.join(missing)}); sources with ptb_tokenized: true need no segmenter")
     if cfg.kind == "neural":
         neural_models(cfg)
 
@@ -209,11 +214,7 @@ def make_segmenter(cfg: SegmenterConfig) -> Segmenter:
     only when a document needs one: PTB-tokenized sources are split at their tokens."""
     key = cfg.model_dump_json()
     if key not in _CACHE:
-        missing = [name for name in ("stanza", "spacy") if importlib.util.find_spec(name) is None
-                   and (name == "stanza" and not direct_fast_path(cfg) or name == "spacy" and cfg.kind == "spacy")]
-        if missing:
-            raise UserError(f"data.segmenter.kind={cfg.kind} needs {' and '.join(missing)}, which this Python lacks "
-                            f"(pip install {' '.join(missing)}); sources with ptb_tokenized: true need no segmenter")
+        check_available(cfg)
         _CACHE[key] = NeuralSegmenter(cfg) if cfg.kind == "neural" else SpacySegmenter(cfg)
     return _CACHE[key]
 

@@ -184,7 +184,7 @@ def training(results: dict[str, Any]) -> tuple[list[str], list[str]]:
         ("Validation at each model's last training step and its outputs' mean words on the test "
          "documents: one seed's value, or mean ± sd over the seeds (each seed's value, in the seeds column's "
          "order); an untrained baseline has no validation metrics. Training minutes: each run's MLflow run, start "
-         "to end (set-up and export included).")]
+         "to end (set-up and export included; a requeued run's, its time in the queue too).")]
 
 
 def minutes(runs: list[dict[str, Any]]) -> str:
@@ -206,11 +206,14 @@ def pretraining(results: dict[str, Any]) -> tuple[list[str], list[str]]:
             continue
         if not all("encoder" in r for r in runs):
             raise TableError(f"system {name!r} mixes runs with and without a pretrained encoder")
-        encoders = list({r["encoder"]["run"]: r["encoder"] for r in runs}.values())
-        metric = "valid_ppl" if all("valid_ppl" in e["last_valid"] for e in encoders) else "valid_loss"
+        # one encoder per MLflow run; without a run id (tracking off), per what the export says of itself
+        encoders = list({r["encoder"]["run"] or json.dumps(r["encoder"], sort_keys=True): r["encoder"]
+                         for r in runs}.values())
+        metric = next((m for m in ("valid_ppl", "valid_loss") if all(m in e["last_valid"] for e in encoders)), None)
         one = [" / ".join(dict.fromkeys(str(e[key]) for e in encoders)) for key in ("stage", "init", "step")]
         rows.append([name, str(len(encoders)), *one,
-                     spread([e["last_valid"][metric] for e in encoders]) + ("" if metric == "valid_ppl" else " (loss)"),
+                     "" if metric is None else spread([e["last_valid"][metric] for e in encoders])
+                     + ("" if metric == "valid_ppl" else " (loss)"),
                      minutes(encoders), " / ".join(dict.fromkeys(short(e["model_commit"]) for e in encoders))])
     if not any(r[1] != "none (random init)" for r in rows):
         raise TableError("no system of this results file records its pretrained encoder (a file written before "

@@ -104,7 +104,7 @@ def run_seconds(run_dir: Path, run_id: str | None) -> float | None:
     export included), read from the store the run directory's config names (an encoder's run: the store its
     finetuning resolved it from). None where the run, its store or its end is not at hand; a missing sqlite store
     is not created."""
-    from hibert.registry import sqlite_path, tracking_uri
+    from hibert.registry import reachable, sqlite_path, tracking_uri
 
     try:
         cfg = yaml.safe_load((run_dir / "config.resolved.yaml").read_text())
@@ -114,14 +114,26 @@ def run_seconds(run_dir: Path, run_id: str | None) -> float | None:
     db = sqlite_path(uri)
     if not run_id or (db is not None and not db.is_file()):
         return None
-    from mlflow.exceptions import MlflowException
+    if db is None and not (uri.startswith(("http://", "https://")) and _cached(_REACHABLE, uri, reachable)):
+        return None   # a server that does not answer now, or another database: a time is not worth a stall
     from mlflow.tracking import MlflowClient
 
     try:
-        info = MlflowClient(uri).get_run(run_id).info
-    except MlflowException:
+        info = _cached(_CLIENTS, uri, MlflowClient).get_run(run_id).info
+    except Exception:  # noqa: BLE001 - a time beside the scores is best effort: never lose the comparison for it
         return None
     return (info.end_time - info.start_time) / 1000 if info.end_time and info.start_time else None
+
+
+_REACHABLE: dict[str, Any] = {}
+_CLIENTS: dict[str, Any] = {}
+
+
+def _cached(cache: dict[str, Any], uri: str, make: Any) -> Any:
+    """One probe and one client per store for a whole comparison (each run and its encoder ask)."""
+    if uri not in cache:
+        cache[uri] = make(uri)
+    return cache[uri]
 
 
 def run_seed(run_dir: Path) -> int | None:

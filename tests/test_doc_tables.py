@@ -165,6 +165,15 @@ def test_the_encoders_a_system_was_finetuned_from_are_kept_and_shown_once_each(t
     assert lines[2] == "| R | none (random init) |  |  |  |  |  |  |"
     assert lines[3] == (f"| P | 2 | in-domain | models:/hibert-encoder@open-domain | 429 | 275 ± 7 (270 / 280) |  | "
                         f"{C2[:7]} |")
+    # encoders without an MLflow run are told apart by what their exports say; a metric not every encoder has
+    # leaves the cell empty
+    p_runs = res["systems"]["P"]["runs"]
+    p_runs[0]["encoder"] |= {"run": None, "last_valid": {"valid_loss": 5.6}}
+    p_runs[1]["encoder"] |= {"run": None, "last_valid": {"valid_loss": 5.7}}
+    assert _tables().pretraining(res)[0][3].startswith("| P | 3 | in-domain | models:/hibert-encoder@open-domain | 429 | "
+                                                      "5.63 ± 0.06 (5.60 / 5.70 / 5.60) (loss) |")
+    p_runs[2]["encoder"]["last_valid"] = {}
+    assert "| 429 |  |  |" in _tables().pretraining(res)[0][3]
 
 
 def test_a_runs_training_time_is_its_mlflow_runs_and_a_missing_store_is_not_created(tmp_path, monkeypatch):
@@ -187,6 +196,10 @@ def test_a_runs_training_time_is_its_mlflow_runs_and_a_missing_store_is_not_crea
     (run_dir / "config.resolved.yaml").write_text(yaml.safe_dump(
         {"run": {"output_dir": str(tmp_path / "elsewhere")}, "tracking": {"uri": None}}))
     assert run_seconds(run_dir, run.info.run_id) is None and not (tmp_path / "elsewhere").exists()
+    # a tracking server that does not answer: no time, at once, and no error
+    (run_dir / "config.resolved.yaml").write_text(yaml.safe_dump(
+        {"run": {"output_dir": str(tmp_path / "out")}, "tracking": {"uri": "http://127.0.0.1:9"}}))
+    assert run_seconds(run_dir, run.info.run_id) is None
 
 
 def test_a_models_commit_comes_from_the_report_or_the_export_it_evaluated(tmp_path, monkeypatch):
