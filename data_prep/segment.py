@@ -103,6 +103,8 @@ def built_by(cfg: SegmenterConfig) -> str:
     judged where the merge runs; the output is the same either way)."""
     if direct_fast_path(cfg):
         return "stanza's spacy variant recipe (verified stanza source), built without loading stanza"
+    if importlib.util.find_spec("stanza") is None:
+        return "not built: stanza is not installed here (PTB-tokenized sources need no segmenter)"
     return "stanza.Pipeline"
 
 

@@ -108,7 +108,11 @@ def run_seconds(run_dir: Path, run_id: str | None) -> float | None:
 
     try:
         cfg = yaml.safe_load((run_dir / "config.resolved.yaml").read_text())
-        uri = tracking_uri(cfg["tracking"]["uri"], cfg["run"]["output_dir"], create=False)
+        output_dir = Path(cfg["run"]["output_dir"])
+        # a run directory is <output_dir>/<run.name>: its own parent, wherever compare runs from
+        if not output_dir.is_absolute() and run_dir.name == cfg["run"].get("name"):
+            output_dir = run_dir.parent
+        uri = tracking_uri(cfg["tracking"]["uri"], output_dir, create=False)
     except (OSError, yaml.YAMLError, KeyError, TypeError):
         return None
     db = sqlite_path(uri)

@@ -61,6 +61,7 @@ def test_ptb_tokenized_sources_prepare_without_stanza_or_spacy(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     manifest = json.loads((tmp_path / "ptb" / "manifest.json").read_text())
     assert manifest["segmenter"]["stanza_version"] == "not installed"
+    assert manifest["segmenter"]["built_by"].startswith("not built: stanza is not installed")
     assert manifest["counts"]["docs_in"] == manifest["counts"]["kept"] == 30
     # a source that needs segmenting says what is missing, not a traceback
     refused = prep("raw", ptb=False)

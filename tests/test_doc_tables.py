@@ -192,6 +192,10 @@ def test_a_runs_training_time_is_its_mlflow_runs_and_a_missing_store_is_not_crea
     run = client.create_run(client.create_experiment("x"), start_time=1_000_000)
     client.set_terminated(run.info.run_id, end_time=1_000_000 + 95_500)
     assert run_seconds(run_dir, run.info.run_id) == 95.5
+    # a relative output_dir (as recipes write it) is the run directory's parent, wherever compare runs from
+    (run_dir / "config.resolved.yaml").write_text(yaml.safe_dump(
+        {"run": {"output_dir": "runs/x", "name": "ft"}, "tracking": {"uri": None}}))
+    assert run_seconds(run_dir, run.info.run_id) == 95.5
     assert run_seconds(run_dir, "no-such-run") is None and run_seconds(run_dir, None) is None
     (run_dir / "config.resolved.yaml").write_text(yaml.safe_dump(
         {"run": {"output_dir": str(tmp_path / "elsewhere")}, "tracking": {"uri": None}}))
