@@ -6,6 +6,8 @@
 # travels. Writes benchmarks/results/device_suite_bare_cpu.json: both bundles (wheels, MiB, with the working tree,
 # against the 64 MiB a device tool copies) and the dry run's steps; exits 1 when a step fails or the bundle is too big.
 #   bash benchmarks/bare_node_check.sh [DEVICE_PYTHON] [OUT_JSON]
+#   BARE_PYTHON=/path/to/python3.12 bash benchmarks/bare_node_check.sh   # the bare venv from another interpreter
+#     (the device's version: the index may then give torch's CUDA build, as a GPU image has; CUDA stays unused)
 # Needs a package index (or mirror) for the wheels and torch, like offline_bundle.sh; TORCH_INDEX (e.g.
 # https://download.pytorch.org/whl/cpu) where the default index would give the CUDA build. About 5 minutes on 2 cores.
 set -euo pipefail
@@ -16,12 +18,15 @@ OUT=${2:-benchmarks/results/device_suite_bare_cpu.json}
 PY=${PYTHON:-.venv/bin/python}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-LOCAL_PY=$("$PY" -c "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')")
+SHOWN="${BARE_PYTHON:+BARE_PYTHON=$BARE_PYTHON }bash benchmarks/bare_node_check.sh $*"   # the command, as recorded
+BARE_PYTHON=${BARE_PYTHON:-$("$PY" -c "import sys; print(sys._base_executable)")}   # default: this checkout's Python
+LOCAL_PY=$("$BARE_PYTHON" -c "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')")
 TORCH=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
 
-echo "[bare] virtualenv with torch==$TORCH only"
-"$("$PY" -c "import sys; print(sys._base_executable)")" -m venv "$TMP/bare"   # this checkout's Python, bare
+echo "[bare] Python $LOCAL_PY virtualenv with torch==$TORCH only"
+"$BARE_PYTHON" -m venv "$TMP/bare"
 "$TMP/bare/bin/python" -m pip install -q "torch==$TORCH" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
+BARE_TORCH=$("$TMP/bare/bin/python" -c "import torch; print(torch.__version__)" 2>/dev/null)
 echo "[bare] suite bundles: Python $LOCAL_PY (the run) and $DEVICE_PY (the device's)"
 bash benchmarks/offline_bundle.sh --suite "$LOCAL_PY" "$TMP/whl-local" > "$TMP/bundle-local.log" 2>&1 \
   || { tail -20 "$TMP/bundle-local.log"; exit 1; }
@@ -35,7 +40,7 @@ PYTHON="$TMP/bare/bin/python" bash benchmarks/device_suite.sh --dry-run --wheels
 set -e
 tail -12 "$TMP/suite.log"
 
-"$PY" - "$TMP" "$OUT" "$DEVICE_PY" "$LOCAL_PY" "bash benchmarks/bare_node_check.sh $*" <<'EOF'
+"$PY" - "$TMP" "$OUT" "$DEVICE_PY" "$LOCAL_PY" "$SHOWN" "$BARE_TORCH" <<'EOF'
 import json, sys
 from pathlib import Path
 sys.path.insert(0, "benchmarks")
@@ -48,7 +53,7 @@ setup = env.get("setup") or {}
 result = {"machine": {**machine(), "command": sys.argv[5].strip()},
           "bundle": {"device": json.loads((tmp / "whl-device" / "bundle.json").read_text()),
                      "local": json.loads((tmp / "whl-local" / "bundle.json").read_text())},
-          "interpreter": {"python": local_py, "packages": "torch only (a virtualenv)"},
+          "interpreter": {"python": local_py, "torch": sys.argv[6], "packages": "torch only (a virtualenv)"},
           "setup": {"wheels_installed": (setup.get("wheels") or {}).get("count"),
                     "hibert_installed": setup.get("hibert_installed"), "missing": setup.get("missing"),
                     "hibert_from_link_tree": "package/hibert" in str(setup.get("hibert_from"))},

@@ -520,12 +520,12 @@ BENCH_VIEWS: dict[str, BenchView] = {
                  ("identical stems", ("identical", "distinct_words"), lambda v: f"{v[0]:,} / {v[1]:,}"))),
     "bare-bundle": BenchView(
         corner="offline_bundle.sh --suite, a node with nothing but Python and torch",
-        rows=(("for the device's Python", 0, "bundle.device"), ("for this machine's (the dry run's)", 0, "bundle.local")),
+        rows=(("for the device's Python", 0, "bundle.device"), ("for the dry run's Python", 0, "bundle.local")),
         columns=(("Python", "python", str), ("wheels", "wheels", str), ("MiB", "wheels_mib", fixed(1)),
                  ("with the working tree", "carried_mib", fixed(1, " MiB")),
                  ("a device tool copies", "limit_mib", lambda v: f"{v} MiB"))),
     "bare-steps": BenchView(
-        corner="dry run, torch-only virtualenv + --wheels",
+        corner="dry run: a torch-only virtualenv, --wheels",
         rows=tuple((step, 0, f"steps.step={step}") for step in
                    ("environment", "cuda_tests", "pretrain", "loss_curve", "profile", "resume", "mds")),
         columns=(("status", "status", str), ("seconds", "seconds", fixed(1)),
