@@ -5,11 +5,13 @@ tokenizer (the first task to get the lock â€” an flock, see `ensure_tokenizer` â
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from filelock import FileLock, Timeout
@@ -34,7 +36,7 @@ from hibert.data_prep.progress import ProgressBar, QueueListener
 from hibert.data_prep.segment import check_available
 from hibert.data_prep.shards import SPLITS
 from hibert.data_prep.workers import WorkerPool
-from hibert.errors import writable_dir
+from hibert.errors import UserError, writable_dir
 
 log = logging.getLogger("data_prep")
 TOKENIZER_INFO = "tokenizer.json"
@@ -47,6 +49,14 @@ def _tokenizer_settings(cfg: DataConfig) -> dict[str, Any]:
     if t["model"]:
         return {"model": str(Path(t["model"]).resolve()), "sha256": tok.file_sha256(Path(t["model"]))}
     return t
+
+
+def _same_tokenizer(then: dict[str, Any], now: dict[str, Any]) -> bool:
+    """An installed model is the same by its bytes wherever it lies now (a moved or copied data folder); a
+    trained one by its settings."""
+    if "sha256" in then and "sha256" in now:
+        return then["sha256"] == now["sha256"]
+    return then == now
 
 
 def _sample_items(cfg: DataConfig, plan: dict[str, Any]) -> list[tuple[list[str], bool]]:
@@ -119,7 +129,7 @@ def _existing_tokenizer(out: Path, settings: dict[str, Any]) -> tuple[dict[str, 
     if not (info_path.is_file() and model.is_file()):
         return None, None
     info = json.loads(info_path.read_text())
-    if info["settings"] == settings and info["sha256"] == tok.file_sha256(model):
+    if _same_tokenizer(info["settings"], settings) and info["sha256"] == tok.file_sha256(model):
         return info["describe"], None
     return None, info["settings"]
 
@@ -195,6 +205,36 @@ def prepare(cfg: DataConfig, *, workers: int | None = None, num_shards: int | No
     """Returns the merged manifest when this call merged, else None."""
     workers = workers or cfg.workers
     out = writable_dir(cfg.output, "data.output")   # before any work: not a traceback at the first file written
+    with _owner(out, shard_index):
+        return _prepare(cfg, out, workers=workers, num_shards=num_shards, shard_index=shard_index,
+                        merge_only=merge_only, fresh=fresh, tokenizer_only=tokenizer_only, progress=progress)
+
+
+OWNER_LOCK = ".prep.lock"
+
+
+@contextlib.contextmanager
+def _owner(out: Path, shard_index: int | None) -> Iterator[None]:
+    """One writer per output: a local prep or a merge holds `.prep.lock` for the whole run, a Slurm array task
+    `.prep-shard-<i>.lock` for its shard. A second prep into the same output is refused in one line instead of
+    interleaving its writes with the first's (a merge over half-written shards, a dataset that does not verify).
+    The lock files stay: deleting an flock file another process may still open would let two hold it."""
+    name = OWNER_LOCK if shard_index is None else f".prep-shard-{shard_index}.lock"
+    lock = FileLock(str(out / name))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        what = "this output" if shard_index is None else f"shard {shard_index} of this output"
+        raise UserError(f"data.output {out}: another hibert prep is writing {what} (it holds {out / name}); "
+                        "wait for it to finish, or prepare into another data.output") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _prepare(cfg: DataConfig, out: Path, *, workers: int, num_shards: int | None, shard_index: int | None,
+             merge_only: bool, fresh: bool, tokenizer_only: bool, progress: bool) -> dict[str, Any] | None:
     if merge_only:
         plan = planning.load(out)
         if plan is None:

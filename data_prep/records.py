@@ -15,6 +15,7 @@ MALFORMED_SGML = "malformed_sgml"
 NON_STORY = "non_story"
 NO_SENTENCES = "no_sentences"      # nothing left after segmentation / empty-sentence removal
 DUPLICATE = "duplicate"
+NOT_SAMPLED = "not_sampled"        # outside the source's sample_fraction (a subset asked for, not a fault)
 
 
 @dataclass

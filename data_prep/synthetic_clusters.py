@@ -19,6 +19,7 @@ terms, memory one dense block row at a time) and keeps the top m by argpartition
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 import time
@@ -29,6 +30,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from hibert import json_lines as JL
+from hibert.data_prep.readers.files import open_binary
 from hibert.tfidf import sparse_matrix
 
 EXAMPLES = 5
@@ -134,7 +136,7 @@ def read_records(paths: Iterable[str], text_field: str, summary_field: str, spli
             examples[reason].append(where)
 
     for path in paths:
-        with open(path, "rb") as f:
+        with open_binary(Path(path)) as f:   # plain or gzip JSON Lines, streamed
             for got in JL.json_lines(f, blank_lines=True):
                 if isinstance(got, JL.BadLine):
                     skip(_SKIPS[got.kind], f"{path}:{got.lineno}")
@@ -170,19 +172,30 @@ def input_problem(path: str) -> str | None:
     try:
         with open(p, "rb") as f:
             head = f.read(65536)
-    except OSError as e:
-        return f"--input {path}: cannot be read ({e.strerror})"
+        if head[:2] == b"\x1f\x8b":   # gzip JSON Lines: the text inside is what must not be binary
+            with gzip.open(p, "rb") as f:
+                head = f.read(65536)
+    except OSError as e:   # gzip.BadGzipFile included
+        return f"--input {path}: cannot be read ({getattr(e, 'strerror', None) or e})"
+    except EOFError:
+        return f"--input {path}: damaged gzip data (truncated)"
     if b"\0" in head:
-        return f"--input {path} is a binary file (NUL bytes), not JSON lines (compressed? decompress it first)"
+        return f"--input {path} is a binary file (NUL bytes), not JSON lines"
     return None
 
 
 def run(args: argparse.Namespace) -> int:
     t0 = time.time()
+    out = Path(args.output)
     for path in args.input:
         if (problem := input_problem(path)) is not None:
             print(f"hibert synth-clusters: {problem}", file=sys.stderr)
             return 2
+        for written in (out, Path(str(out) + ".stats.json")):
+            if written.resolve() == Path(path).resolve():   # opened for writing, it would be emptied first
+                print(f"hibert synth-clusters: --output {args.output} would overwrite --input {path} (it writes "
+                      f"{written}); name another file", file=sys.stderr)
+                return 2
     records, bad, examples = read_records(args.input, args.text_field, args.summary_field, args.split_field,
                                           args.id_field)
     if not records:   # nothing to cluster: an output of 0 clusters would look like a result
@@ -192,7 +205,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     clusters, stats = build_clusters(records, args.text_field, args.summary_field, args.id_field, args.split_field,
                                      args.neighbours, args.min_similarity, args.max_similarity, args.seed)
-    out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         for c in clusters:

@@ -5,7 +5,6 @@ Every model has the platform's fixed special ids (hibert/tokens.py): <pad>=0 <un
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import shutil
@@ -14,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from hibert import hashing
 from hibert import tokens as T
 from hibert.config.data import TokenizerConfig
 from hibert.errors import UserError
@@ -22,7 +22,7 @@ MODEL_NAME = "tokenizer.model"
 
 
 def file_sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return hashing.file_sha256(Path(path))
 
 
 def vocab_size(path: str | Path) -> int:

@@ -15,6 +15,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from filelock import FileLock, Timeout
+
 from hibert.config import Config, save_resolved
 from hibert.config.mds import ranking_kind
 from hibert.data_prep import DocumentDataset
@@ -27,7 +29,15 @@ from hibert.finetune.inference.flags import (
     resolve_settings,
 )
 from hibert.finetune.inference.fluency import fluency_note
-from hibert.finetune.inference.text import InputError, Summary, check_lengths, read_clusters, read_documents
+from hibert.finetune.inference.text import (
+    DEFAULT_MAX_CHARS,
+    InputError,
+    Summary,
+    check_lengths,
+    max_doc_chars,
+    read_clusters,
+    read_documents,
+)
 from hibert.finetune.settings import EvalSettings, SummarizeSettings, default_device, model_ref
 from hibert.heads import EvalOutcome, get_head, head_of_export, is_builtin
 from hibert.redact import redact_uri
@@ -155,6 +165,31 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
     settings = _settings(EvalSettings, args, "evaluate")
     if settings is None:
         return 2
+    out = settings.report_dir(cfg.run_dir)
+    if out.exists() and not out.is_dir():   # before any scoring: not a traceback after it
+        print(f"hibert evaluate: --out {out} is a file; name a directory (the report is several files)",
+              file=sys.stderr)
+        return 2
+    # one evaluation owns a report directory at a time, through the MLflow logging: a second one (another --k,
+    # say) would otherwise overwrite the files the first then logs as its artifacts
+    lock = FileLock(str(out.parent / f".{out.name}.lock"))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        lock.acquire(timeout=0)
+    except Timeout:
+        print(f"hibert evaluate: another hibert evaluate is writing {out} (it holds {lock.lock_file}); wait for it "
+              "to finish, or pass --out to report elsewhere", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"hibert evaluate: cannot write the report directory {out}: {e}", file=sys.stderr)
+        return 2
+    try:
+        return _evaluate(cfg, args, settings)
+    finally:
+        lock.release()
+
+
+def _evaluate(cfg: Config, args: argparse.Namespace, settings: EvalSettings) -> int:
     uri = tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False)
     ref = _model_ref(cfg, args.model)
     try:  # the report is logged to that store at the end: a copied store must not write into the original
@@ -327,14 +362,15 @@ def run_summarize(cfg: Config, args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as e:
         head, load_error = None, e
     clusters = head is not None and head.reads == "clusters"
+    max_chars = max_doc_chars(local) if head is not None else DEFAULT_MAX_CHARS
     try:  # every input problem is reported before the (slow) model load
         if clusters:
-            inputs = list(read_clusters(sources, args.field, args.limit))
+            inputs = list(read_clusters(sources, args.field, args.limit, max_chars))
         elif len(sources) > 1:
             raise InputError(f"{len(sources)} inputs: several files make one cluster, which needs a multi-document "
                              "(mds) model")
         else:
-            inputs = list(read_documents(sources[0], args.field, args.limit))
+            inputs = list(read_documents(sources[0], args.field, args.limit, max_chars))
         if head is not None:
             check_lengths(inputs, local, clusters)
     except InputError as e:

@@ -114,13 +114,14 @@ def render_job(spec: JobSpec) -> str:
         description=_CONTROL.sub(" ", spec.description or spec.name),
         setup_lines=setup_lines,
         env_lines=env_lines,
-        job_name=_one_line(spec.name, "job name"),
+        # shell words, quoted: a name or path holding $(...), backticks or quotes is data, never a command
+        job_name=shlex.quote(_one_line(spec.name, "job name")),
         srun_args=_words(srun_options(r)),
         command=_words(spec.command),
         requeue_exit_code=REQUEUE_EXIT_CODE,
         requeue=1 if r.requeue else 0,
         max_restarts=r.max_restarts,
-        crash_count=_check_path(spec.log_dir / ".restarts-${SLURM_JOB_ID}"),
+        crash_count=shlex.quote(_one_line(str(spec.log_dir / ".restarts-"), "log directory")) + '"${SLURM_JOB_ID}"',
     )
 
 

@@ -98,6 +98,8 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
     try:
         chain = plan(cfg, args.config, list(args.overrides), out_dir, Path.cwd(), only, chain_id=args.chain,
                      continuing=bool(args.chain), pin=not args.no_pin, snapshot_root=snapshot_root)
+        for job in chain.jobs:   # every script renders (no whitespace in an #SBATCH path, ...) before anything is written
+            render_job(job.spec)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         if args.dry_run:
             shutil.rmtree(snapshot_root, ignore_errors=True)

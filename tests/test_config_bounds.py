@@ -76,3 +76,32 @@ def test_good_edge_values_still_load():
                                "checkpoint.keep_best=0", "optimizer.grad_clip=0", "deepspeed=zero3",
                                "deepspeed.offload_param=cpu"])
     assert cfg.schedule.max_steps == 100 and cfg.deepspeed.zero_stage == 3
+
+
+def test_model_sizes_are_bounded_and_checked_against_the_weights_before_anything_is_built(tmp_path):
+    """model.json with layers=10**6 allocated 3.4 GB before any shape was compared; hidden, vocab_size and
+    max_positions of 10**9 ended in allocator tracebacks: sizes are bounded at load, and an export's model.json
+    must describe its weights' header (read without loading the tensors) before a model is built."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    from hibert.config.model import ModelConfig
+    from hibert.errors import UserError
+    from hibert.modeling.encoder import HibertEncoder
+    from hibert.runtime.export import read_export
+
+    for key, value in (("layers", 10**6), ("hidden", 10**9), ("vocab_size", 10**10), ("max_positions", 10**9)):
+        with pytest.raises(ValueError, match=key):
+            ModelConfig(**{key: value})
+    cfg = ModelConfig(vocab_size=64, hidden=16, heads=2, layers=1, max_positions=32)
+    save_file(HibertEncoder(cfg).state_dict(), str(tmp_path / "encoder.safetensors"))
+    (tmp_path / "model.json").write_text(json.dumps(cfg.model_dump(mode="json")))
+    state, got, _ = read_export(tmp_path)
+    assert got == cfg and set(state) == set(HibertEncoder(cfg).state_dict())
+    (tmp_path / "model.json").write_text(json.dumps({**cfg.model_dump(mode="json"), "layers": 200, "hidden": 4096,
+                                                     "heads": 16}))
+    with pytest.raises(UserError, match=r"model.json does not describe .*encoder.safetensors"):
+        read_export(tmp_path)
+    assert not any(t.is_meta for t in state.values()) and torch.is_tensor(next(iter(state.values())))

@@ -174,3 +174,28 @@ def test_a_line_over_the_limit_is_skipped_without_being_held_in_memory(tmp_path)
     tracemalloc.stop()
     assert [o[0] if isinstance(o, tuple) else (o.reason, o.line) for o in out] == [1, ("too_long", 2), 3]
     assert peak < 4 * 2**20, peak   # the 20 MB line was never read whole
+
+
+def test_a_second_prep_into_one_output_is_refused_while_the_first_writes(tmp_path, tok):
+    """Two preps interleaving their writes gave a traceback or a dataset that did not verify: the output has
+    one writer (the local prep or merge), one per shard for a Slurm array's tasks."""
+    from filelock import FileLock
+
+    from hibert.data_prep.pipeline import OWNER_LOCK
+
+    src = [SourceConfig(format="jsonl", path=str(jsonl(tmp_path / "d.jsonl", [{"text": " ".join(SENTS)}])))]
+    out = tmp_path / "out"
+    out.mkdir()
+    with FileLock(str(out / OWNER_LOCK)):
+        with pytest.raises(UserError, match="another hibert prep is writing this output"):
+            prepare(cfg(out, src, tok), progress=False)
+        with pytest.raises(UserError, match="another hibert prep"):
+            prepare(cfg(out, src, tok, num_shards=1), merge_only=True, progress=False)
+        with FileLock(str(out / ".prep-shard-0.lock")):
+            with pytest.raises(UserError, match="shard 0 of this output"):
+                prepare(cfg(out, src, tok, num_shards=1), shard_index=0, progress=False)
+    m = prepare(cfg(out, src, tok), progress=False)       # the first one done: the next one runs
+    assert m["counts"]["kept"] == 1
+    from hibert.data_prep.integrity import verify
+
+    assert verify(out, m, full=True) > 0                  # and what it reports prepared verifies

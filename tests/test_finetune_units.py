@@ -293,3 +293,39 @@ def test_tuning_at_export_reads_only_the_first_documents_and_survives_ones_witho
     cfg.objective.tune_documents = 6
     selection, record = task.tuned_selection(state)
     assert record["tuned"] and record["documents"] == 6 and selection["top_k"] in range(1, 6)
+
+
+def test_summarize_inputs_are_read_no_further_than_a_document_may_be_and_gzip_is_streamed(tmp_path):
+    """/dev/zero, a 4 GB sparse .txt or a 4 GB line were read whole before the length check (MemoryError): the
+    read stops past the model's document limit; gzip JSON Lines (.jsonl.gz) are read line by line."""
+    import gzip
+    import json
+    import resource
+
+    from hibert.finetune.inference.text import InputError, read_clusters, read_documents
+
+    big = tmp_path / "sparse.txt"
+    with open(big, "wb") as f:
+        f.truncate(4 << 30)                     # 4 GB of NUL bytes, no disk used
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(InputError, match="sparse.txt: looks like binary"):
+        list(read_documents(str(big), "text", max_chars=1000))
+    text = tmp_path / "long.txt"
+    text.write_text("word " * 1000)
+    with pytest.raises(InputError, match=r"long.txt: over 4,000 bytes, above the 1,000 characters"):
+        list(read_documents(str(text), "text", max_chars=1000))
+    line = tmp_path / "long.jsonl"
+    line.write_text(json.dumps({"text": "ok."}) + "\n" + json.dumps({"text": "w" * 50_000}) + "\n")
+    with pytest.raises(InputError, match=r"long.jsonl:2: a line over 12,000 bytes"):
+        list(read_documents(str(line), "text", max_chars=1000))
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000   # KiB: nothing read whole
+    gz = tmp_path / "docs.jsonl.gz"
+    gz.write_bytes(gzip.compress(b"".join(json.dumps({"text": f"Doc {i}."}).encode() + b"\n" for i in range(3))))
+    assert list(read_documents(str(gz), "text", limit=2)) == [("docs.jsonl.gz:1", "Doc 0."), ("docs.jsonl.gz:2", "Doc 1.")]
+    cl = tmp_path / "c.jsonl.gz"
+    cl.write_bytes(gzip.compress(json.dumps({"documents": ["A.", "B."]}).encode() + b"\n"))
+    assert list(read_clusters([str(cl)], "text")) == [("c.jsonl.gz:1", ["A.", "B."])]
+    empty = tmp_path / "e.jsonl.gz"
+    empty.write_bytes(gzip.compress(b"\n\n"))
+    with pytest.raises(InputError, match="e.jsonl.gz: empty input"):
+        list(read_documents(str(empty), "text"))

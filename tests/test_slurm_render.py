@@ -391,3 +391,26 @@ def test_no_value_reaches_the_script_as_a_line_of_its_own(tmp_path):
     with pytest.raises(ValueError, match="control character"):
         render_job(JobSpec(name="x\nid", command=["true"], resources=SlurmResources(), log_dir=Path("/logs"),
                            workdir=Path("/w")))
+
+
+@pytest.mark.parametrize("evil", ["o$(touch${IFS}PWNED)", "o`touch${IFS}PWNED`", "o'$(touch${IFS}PWNED)'",
+                                  'o"$(touch${IFS}PWNED)"', "o;touch${IFS}PWNED"])
+def test_no_value_runs_as_a_command_when_the_script_runs(tmp_path, evil):
+    """Paths and names are data in the rendered script: run it with stub srun (a failed step, so the crash
+    count file is written) and scontrol, and nothing in them executes."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool, body in (("srun", "exit 1"), ("scontrol", 'echo "$@" >> "$STUB_LOG"')):
+        (bin_dir / tool).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / tool).chmod(0o755)
+    logs = tmp_path / evil / "slurm"
+    logs.mkdir(parents=True)
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_job(JobSpec(name=f"job-{evil}", command=["true", evil], resources=SlurmResources(),
+                                         log_dir=logs, workdir=tmp_path / evil)))
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n1",
+           "STUB_LOG": str(tmp_path / "scontrol.log")}
+    out = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    assert not list(tmp_path.rglob("PWNED")), out.stdout + out.stderr
+    assert (logs / ".restarts-42").read_text().strip() == "1"      # the count file at its literal path
+    assert f"(job-{evil})" in out.stdout and "requeue 42" in (tmp_path / "scontrol.log").read_text()

@@ -1,7 +1,8 @@
 """Turn a mapping (a JSON object or an HF row) into a RawDoc using the source's field names."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from hibert.config.data import SourceConfig
@@ -140,3 +141,50 @@ def cluster_record(paragraphs: list[str], owner: list[int], obj: Mapping[str, An
         return title
     return R.RawDoc(f"{name}:{doc_id}", paragraphs, summary, file, line, paragraph_doc=owner, title=title,
                     synthetic=bool(obj.get("synthetic") is True))
+
+
+def sampled(source: SourceConfig, record_id: str) -> bool:
+    """Whether a record is in the source's `sample_fraction`: a hash of (sample_seed, id), so the subset is
+    the same whatever the sharding and nested (a smaller fraction's records are in a larger one's)."""
+    if source.sample_fraction is None:
+        return True
+    h = hashlib.sha256(f"{source.sample_seed}:{record_id}".encode()).digest()
+    return int.from_bytes(h[:8], "big") / 2**64 < source.sample_fraction
+
+
+def _split_documents(obj: Mapping[str, Any], source: SourceConfig, name: str, default_id: str,
+                     file: str, line: int, max_chars: int) -> Iterator[R.RawDoc | R.Skip]:
+    """Each document of a cluster record as a document of its own (`split_documents`): one RawDoc or Skip each."""
+    docs = obj.get(source.documents_field)
+    if not isinstance(docs, list) or not docs:
+        yield R.Skip(R.MISSING_FIELD, file, line, f"no list {source.documents_field!r}")
+        return
+    record_id = _doc_id(obj, source, default_id, file, line)
+    if isinstance(record_id, R.Skip):
+        yield record_id
+        return
+    for k, d in enumerate(docs):
+        paragraphs = _paragraphs(d)
+        if paragraphs is None:
+            yield R.Skip(R.MISSING_FIELD, file, line, f"{source.documents_field!r}[{k}] is not text")
+            continue
+        reason = R.check_text(_raw_text(d), max_chars)
+        if reason:
+            yield R.Skip(reason, file, line, f"document {k}")
+            continue
+        yield R.RawDoc(f"{name}:{record_id}/{k}", paragraphs, None, file, line)
+
+
+def records_from_fields(obj: Mapping[str, Any], source: SourceConfig, name: str, default_id: str,
+                        file: str, line: int, max_chars: int) -> Iterator[R.RawDoc | R.Skip]:
+    """What one record gives: a document or cluster (or its skip), each document of it with
+    `split_documents`, or a NOT_SAMPLED skip outside the source's `sample_fraction`."""
+    if source.sample_fraction is not None:
+        rid = _doc_id(obj, source, default_id, file, line)
+        if not isinstance(rid, R.Skip) and not sampled(source, rid):
+            yield R.Skip(R.NOT_SAMPLED, file, line, rid)
+            return
+    if source.split_documents:
+        yield from _split_documents(obj, source, name, default_id, file, line, max_chars)
+    else:
+        yield record_from_fields(obj, source, name, default_id, file, line, max_chars)

@@ -11,7 +11,7 @@ from typing import Any
 
 from hibert.config.data import SourceConfig
 from hibert.data_prep import records as R
-from hibert.data_prep.readers.fields import record_from_fields
+from hibert.data_prep.readers.fields import records_from_fields
 from hibert.data_prep.readers.files import expand, sha256_file
 
 _BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
@@ -75,9 +75,10 @@ def read(source: SourceConfig, name: str, unit: str, max_chars: int,
     split_name = unit.partition("::")[2]
     prefix = f"{split_name}:" if split_name else ""
     forced = _SPLIT_NAMES.get(split_name)
-    rows = range(part, len(ds), parts)
+    end = len(ds) if source.max_records is None else min(len(ds), source.max_records)
+    rows = range(part, end, parts)
     for row, obj in zip(rows, ds.select(rows)):
-        rec = record_from_fields(obj, source, name, f"{prefix}{row}", unit, row, max_chars)
-        if isinstance(rec, R.RawDoc):
-            rec.split = forced
-        yield rec
+        for rec in records_from_fields(obj, source, name, f"{prefix}{row}", unit, row, max_chars):
+            if isinstance(rec, R.RawDoc):
+                rec.split = forced
+            yield rec

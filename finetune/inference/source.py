@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hibert.data_prep.readers.files import open_binary
 from hibert.errors import UserError
 from hibert.finetune.inference.text import InputError, check_length, is_json_lines
-from hibert.json_lines import INVALID_UTF8, MALFORMED_JSON, NOT_OBJECT, BadLine, json_lines
+from hibert.json_lines import INVALID_UTF8, MALFORMED_JSON, NOT_OBJECT, TOO_LONG, BadLine, json_lines
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,8 @@ class Shard:
 
 
 # the one reader's bad lines (hibert/json_lines.py) as the reasons a skipped record's line gives
-_SKIPPED = {INVALID_UTF8: "not UTF-8", MALFORMED_JSON: "invalid JSON", NOT_OBJECT: "not an object"}
+_SKIPPED = {INVALID_UTF8: "not UTF-8", MALFORMED_JSON: "invalid JSON", NOT_OBJECT: "not an object",
+            TOO_LONG: "too long"}
 
 
 @dataclass
@@ -112,13 +114,19 @@ class Source:
 
     def _check_json_lines(self) -> None:
         try:
-            with open(self.path, "rb") as f:
+            with open_binary(self.path, self.max_line_bytes) as f:
                 first = next((line.strip() for line in f if line.strip()), b"")
         except OSError:
             return   # reported where the records are read
         if first in (b"[", b"{") or (first.startswith(b"[") and not _parses(first)):
             raise UserError(f"--input {self.path}: pretty-printed JSON, not JSON lines (one object per line); "
                             f"convert it, e.g. jq -c '.[]' {self.path} > {self.path.stem}.jsonl")
+
+    @property
+    def max_line_bytes(self) -> int:
+        """A record's line may hold at most this (a character is at most 12 bytes of JSON): a longer one is a
+        counted skip, read past without being held in memory."""
+        return 12 * self.max_chars
 
     @property
     def key(self) -> str:
@@ -140,7 +148,7 @@ class Source:
         shard = shard or Shard()
         if self.path.is_dir():
             return len(range(shard.index, len(self._dataset()), shard.count))
-        with open(self.path, "rb") as f:
+        with open_binary(self.path, self.max_line_bytes) as f:
             return sum(1 for pos, line in enumerate(f) if shard.owns(pos) and line.strip())
 
     def records(self, shard: Shard, after: int = -1) -> Iterator[Record]:
@@ -151,8 +159,9 @@ class Source:
             for i in range(start, len(ds), shard.count):
                 yield self._record(i, ds[i], f"{self.name}:{i + 1}")
             return
-        with open(self.path, "rb") as f:
-            for got in json_lines(f, part=shard.index, parts=shard.count, after=after + 1):
+        with open_binary(self.path, self.max_line_bytes) as f:   # plain or gzip; no line held past the limit
+            for got in json_lines(f, part=shard.index, parts=shard.count, after=after + 1,
+                                  max_bytes=self.max_line_bytes):
                 if isinstance(got, BadLine):
                     where = f"{self.name}:{got.lineno}"
                     yield Record(got.lineno - 1, where, skipped=f"{_SKIPPED[got.kind]}: {where}: {got.detail}")

@@ -16,7 +16,7 @@ import numpy as np
 from hibert.config.data import DataConfig, SegmenterConfig
 from hibert.data_prep import tokenizer as tok
 from hibert.data_prep.process import Sentencizer
-from hibert.json_lines import NOT_OBJECT, BadLine, json_lines
+from hibert.json_lines import INVALID_UTF8, NOT_OBJECT, TOO_LONG, BadLine, json_lines
 
 _PTB_MARKERS = re.compile(r"(-lrb-|-rrb-| n't\b| 's\b| `` | '' )")
 
@@ -52,22 +52,27 @@ def looks_ptb(text: str) -> bool:
     return bool(_PTB_MARKERS.search(text)) and text == text.lower()
 
 
-JSON_LINES = (".jsonl", ".ndjson", ".json")   # read as one JSON object per line, whatever the case
+JSON_LINES = (".jsonl", ".ndjson", ".json")   # read as one JSON object per line, whatever the case (or + .gz)
+DEFAULT_MAX_CHARS = 1_000_000                   # prep's default data.max_doc_chars
+_UTF8_MAX = 4                                   # bytes per character at most (12 in JSON: a \uXXXX\uXXXX pair)
 
 
 def is_json_lines(name: str) -> bool:
-    return Path(name).suffix.lower() in JSON_LINES
+    p = Path(name)
+    suffix = Path(p.stem).suffix if p.suffix.lower() == ".gz" else p.suffix
+    return suffix.lower() in JSON_LINES
 
 
-def read_documents(source: str, field: str, limit: int | None = None) -> Iterator[tuple[str, str]]:
+def read_documents(source: str, field: str, limit: int | None = None,
+                   max_chars: int = DEFAULT_MAX_CHARS) -> Iterator[tuple[str, str]]:
     """(doc id, text) from a text file (one document), JSON Lines (one per line: .jsonl, .ndjson, .json, any
-    case) or '-' (stdin). A record that is not an object with a non-empty text `field` is an error naming its
-    line (a cluster record, which holds a list of documents, says so)."""
-    name, text = _read_text(source)
-    if not is_json_lines(name):
-        yield name, text
+    case, plain or gzip, streamed) or '-' (stdin). A record that is not an object with a non-empty text `field`
+    is an error naming its line (a cluster record, which holds a list of documents, says so). Nothing larger
+    than `max_chars` characters (a document, a line) is read into memory whole."""
+    if not is_json_lines(source):
+        yield _read_text(source, max_chars)
         return
-    for where, rec in _records(name, text, limit):
+    for where, rec in _records(source, limit, max_chars):
         if isinstance(rec, dict) and isinstance(rec.get("documents"), list) and field not in rec:
             raise InputError(f"{where}: a cluster (a 'documents' list), but this model summarizes single "
                              "documents: use a multi-document (mds) model, or --field to name a text field")
@@ -78,30 +83,57 @@ def read_documents(source: str, field: str, limit: int | None = None) -> Iterato
         yield where, rec[field]
 
 
-def _records(name: str, text: str, limit: int | None) -> Iterator[tuple[str, dict[str, Any] | None]]:
-    """("name:line", object) of each non-blank line of a JSON Lines input, at most `limit`; an object's place
-    holds None for a line that is JSON but not an object; a line that is not JSON is an error naming it."""
-    for n, got in enumerate(json_lines(text.splitlines()), 1):
-        if isinstance(got, BadLine) and got.kind != NOT_OBJECT:
-            raise InputError(f"{name}:{got.lineno}: invalid JSON ({got.detail})")
-        yield (f"{name}:{got.lineno}", None) if isinstance(got, BadLine) else (f"{name}:{got[0]}", got[1])
-        if limit and n >= limit:
-            return
+def _records(source: str, limit: int | None, max_chars: int) -> Iterator[tuple[str, dict[str, Any] | None]]:
+    """("name:line", object) of each non-blank line of a JSON Lines file, at most `limit`; an object's place
+    holds None for a line that is JSON but not an object; a line that is not JSON, not UTF-8 or longer than a
+    document may be is an error naming it; an input with no record at all is an error too."""
+    from hibert.data_prep.readers.files import open_binary   # lazy: the plain-text path does not need it
+
+    path = _input_file(source)
+    max_bytes = 12 * max_chars
+    n = 0
+    with open_binary(path, max_bytes) as lines:
+        for got in json_lines(lines, max_bytes=max_bytes):
+            if isinstance(got, BadLine) and got.kind == TOO_LONG:
+                raise InputError(f"{path.name}:{got.lineno}: a line over {max_bytes:,} bytes, above the "
+                                 f"{max_chars:,} characters this model's training data allowed per document")
+            if isinstance(got, BadLine) and got.kind == INVALID_UTF8:
+                raise InputError(f"{path.name}:{got.lineno}: not UTF-8 text ({got.detail})")
+            if isinstance(got, BadLine) and got.kind != NOT_OBJECT:
+                raise InputError(f"{path.name}:{got.lineno}: invalid JSON ({got.detail})")
+            n += 1
+            yield (f"{path.name}:{got.lineno}", None) if isinstance(got, BadLine) else (f"{path.name}:{got[0]}", got[1])
+            if limit and n >= limit:
+                return
+    if n == 0:
+        raise InputError(f"{path.name}: empty input, nothing to summarize")
 
 
-def _read_text(source: str) -> tuple[str, str]:
-    """(name, text) of a file or '-' (stdin), refusing binary, non-UTF-8 and empty input."""
+def _input_file(source: str) -> Path:
+    path = Path(source)
+    if not path.is_file():
+        raise InputError(f"input {source!r} is not a file")
+    return path
+
+
+def _read_text(source: str, max_chars: int = DEFAULT_MAX_CHARS) -> tuple[str, str]:
+    """(name, text) of a file or '-' (stdin), refusing binary, non-UTF-8, empty input and input longer than
+    `max_chars` characters (read no further than that: /dev/zero or a sparse 4 GB file is not read whole)."""
+    cap = _UTF8_MAX * max_chars
     if source == "-":
-        raw = sys.stdin.buffer.read()
+        raw = sys.stdin.buffer.read(cap + 1)
         name = "stdin"
     else:
-        path = Path(source)
-        if not path.is_file():
-            raise InputError(f"input {source!r} is not a file")
-        raw = path.read_bytes()
+        path = _input_file(source)
+        with open(path, "rb") as f:
+            raw = f.read(cap + 1)
         name = path.name
     if b"\x00" in raw[:8192]:
         raise InputError(f"{name}: looks like binary data, not text")
+    if len(raw) > cap:
+        raise InputError(f"{name}: over {cap:,} bytes, above the {max_chars:,} characters this model's training "
+                         "data allowed per document (data.limits.max_doc_chars in its export.json): split it, or "
+                         "summarize its first part")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -111,14 +143,14 @@ def _read_text(source: str) -> tuple[str, str]:
     return name, text
 
 
-def read_clusters(sources: list[str], field: str, limit: int | None = None) -> Iterator[tuple[str, list[str]]]:
+def read_clusters(sources: list[str], field: str, limit: int | None = None,
+                  max_chars: int = DEFAULT_MAX_CHARS) -> Iterator[tuple[str, list[str]]]:
     """(cluster id, document texts) for a multi-document model: several text files = one cluster (one
-    document each); a .jsonl file = one cluster per line, its documents a list of strings in `field`
-    (`documents` when the given field is the default 'text')."""
+    document each); a .jsonl file (plain or gzip) = one cluster per line, its documents a list of strings in
+    `field` (`documents` when the given field is the default 'text')."""
     if len(sources) == 1 and is_json_lines(sources[0]):
-        name, text = _read_text(sources[0])
         key = "documents" if field == "text" else field
-        for where, rec in _records(name, text, limit):
+        for where, rec in _records(sources[0], limit, max_chars):
             docs = rec.get(key) if rec is not None else None
             if not isinstance(docs, list) or not docs or not all(isinstance(d, str) for d in docs):
                 raise InputError(f"{where}: no list of document strings in field {key!r} (use --field)")
@@ -126,7 +158,7 @@ def read_clusters(sources: list[str], field: str, limit: int | None = None) -> I
                 raise InputError(f"{where}: every document of the cluster is empty")
             yield where, docs
     else:
-        texts = [_read_text(s) for s in sources]
+        texts = [_read_text(s, max_chars) for s in sources]
         name = texts[0][0] if len(texts) == 1 else f"{texts[0][0]}+{len(texts) - 1}"
         yield name, [t for _, t in texts]
 
@@ -137,7 +169,7 @@ def max_doc_chars(export_dir: Path) -> int:
         meta = json.loads((Path(export_dir) / "export.json").read_text())
         return int(meta["data"]["limits"]["max_doc_chars"])
     except (OSError, ValueError, KeyError, TypeError):
-        return 1_000_000   # prep's default
+        return DEFAULT_MAX_CHARS
 
 
 def check_length(text: str, where: str, limit: int) -> None:

@@ -26,11 +26,30 @@ class SourceConfig(Section):
     # multi-document clusters: jsonl / hf records whose `documents_field` is a list of documents (strings, or
     # lists of paragraphs); `multinews` reads Multi-News (.src/.tgt pairs or JSONL, documents joined by |||||)
     documents_field: str | None = None
+    # with documents_field: each of a record's documents is a document of its own (the cluster is not kept;
+    # ids <record id>/<k>): a multi-document corpus's sources as single documents, e.g. for pretraining
+    split_documents: bool = False
     synthetic: bool = False                # clusters built by the project, not real topics: reports say so
+    # A subset of the source (jsonl / hf), recorded in the manifest with the source's settings:
+    # the first N records of each input file (records past it are not read), and/or a deterministic fraction
+    # of the records, chosen by a hash of (sample_seed, record id) whatever the sharding; a record not drawn
+    # is a counted skip ("not_sampled"), so documents in = kept + skipped still holds.
+    max_records: int | None = Field(None, ge=1)
+    sample_fraction: float | None = Field(None, gt=0.0, le=1.0)
+    sample_seed: int = 0
+
+    @model_validator(mode="after")
+    def _check_subset(self) -> "SourceConfig":
+        subset = [k for k in ("max_records", "sample_fraction") if getattr(self, k) is not None]
+        if subset and self.format not in ("jsonl", "hf"):
+            raise ValueError(f"{', '.join(subset)}: jsonl and hf sources only, not {self.format!r}")
+        if self.split_documents and not self.documents_field:
+            raise ValueError("split_documents needs documents_field (the list of documents to split)")
+        return self
 
     @property
     def is_cluster(self) -> bool:
-        return self.format == "multinews" or self.documents_field is not None
+        return self.format == "multinews" or (self.documents_field is not None and not self.split_documents)
 
 
 class TokenizerConfig(Section):

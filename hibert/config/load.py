@@ -170,19 +170,34 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], base_dir: Path | 
         if len(path) == 1 and path[0] in Config.model_fields and isinstance(value, str):
             raw[path[0]] = _resolve_include(path[0], value, base_dir)
             continue
-        node = raw
+        node: Any = raw
         for i, part in enumerate(path[:-1]):
+            if isinstance(node, list):   # a list item by its index: data.sources.0.sample_fraction=0.1
+                node = _list_item(node, part, item, path[:i + 1])
+                continue
             nxt = node.get(part)
             if isinstance(nxt, str) and i == 0 and part in Config.model_fields:
                 nxt = _resolve_include(part, nxt, base_dir)
             if nxt is None:
                 nxt = {}
-            if not isinstance(nxt, dict):
+            if not isinstance(nxt, (dict, list)) or (isinstance(nxt, list) and not path[i + 1].isdigit()):
                 raise ConfigError(f"override {item!r}: {'.'.join(path[:i + 1])} is not a section")
             node[part] = nxt
             node = nxt
+        if isinstance(node, list):
+            raise ConfigError(f"override {item!r}: {'.'.join(path)} is a list item; set one of its keys")
         node[path[-1]] = value
     return raw
+
+
+def _list_item(items: list[Any], part: str, item: str, path: list[str]) -> dict[str, Any]:
+    """items[int(part)] of an override's path, a mapping (a list holds sections, e.g. data.sources)."""
+    index = int(part)
+    if index >= len(items):
+        raise ConfigError(f"override {item!r}: {'.'.join(path[:-1])} has {len(items)} item(s), no {index}")
+    if not isinstance(items[index], dict):
+        raise ConfigError(f"override {item!r}: {'.'.join(path)} is not a section")
+    return items[index]
 
 
 _REF = re.compile(r"\$\{([A-Za-z0-9_.]+)\}")

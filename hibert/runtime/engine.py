@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from hibert.config import Config
+from hibert.runtime.build_locks import skip_unneeded_ops, wait_for_build_lock
 from hibert.runtime.dist_env import DistEnv, detect_dist_env
 from hibert.runtime.host_syncs import remove_clip_sync
 from hibert.runtime.launch import free_port
@@ -63,6 +64,7 @@ def init_distributed(cfg: Config) -> Runtime:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed  # lazy: ~2.5 s, and only after DS_ACCELERATOR is set (it picks its accelerator on import)
 
+    skip_unneeded_ops()   # the CPU shared-memory op: built under a user-wide lock, never used by training
     if cuda:
         torch.cuda.set_device(env.local_rank)
     timeout = timedelta(seconds=cfg.run.collective_timeout_s)
@@ -143,6 +145,8 @@ def build_engine(cfg: Config, model: torch.nn.Module, rt: Runtime, groups: list[
     torch_groups = [{"params": g.params, "weight_decay": g.weight_decay, "lr": cfg.optimizer.lr * g.lr_scale,
                      "name": g.name} for g in groups]
     opt = None
+    if cfg.deepspeed.offload_optimizer != "none":
+        wait_for_build_lock("cpu_adam")   # DeepSpeed builds its CPU Adam now: not behind a dead build's lock
     if cfg.deepspeed.offload_optimizer == "none":
         opt = torch.optim.AdamW(torch_groups, lr=cfg.optimizer.lr, betas=tuple(cfg.optimizer.betas),
                                 eps=cfg.optimizer.eps, fused=rt.device.type == "cuda")

@@ -11,7 +11,6 @@ It is logged as an MLflow artifact dir and registered, so `models:/hibert-encode
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from hibert.config.load import format_validation_error
 from hibert.config.model import ModelConfig
 from hibert.errors import UserError
+from hibert.hashing import file_sha256
 from hibert.json_files import DAMAGED, read_json_object
 
 WEIGHTS = "encoder.safetensors"
@@ -59,6 +59,9 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         raise UserError(f"{path} is damaged or not a safetensors file ({reason}): {DAMAGED}") from None
 
 
+MAX_TOKENIZER_BYTES = 64 << 20
+
+
 def check_tokenizer(export_dir: Path, meta: dict[str, Any]) -> None:
     """The export's tokenizer.model is the one it was trained with: the sha256 export.json recorded (a deleted,
     replaced or corrupted tokenizer would otherwise summarize garbage or crash mid-beam)."""
@@ -70,7 +73,10 @@ def check_tokenizer(export_dir: Path, meta: dict[str, Any]) -> None:
             raise UserError(f"{path} is missing (the model was trained with tokenizer sha256 {want[:12]}...): "
                             f"{DAMAGED}")
         return
-    got = hashlib.sha256(path.read_bytes()).hexdigest() if want else None   # a tokenizer is a few hundred KB
+    if path.stat().st_size > MAX_TOKENIZER_BYTES:   # a tokenizer is a few hundred KB; this is something else
+        raise UserError(f"{path}: {path.stat().st_size:,} bytes, not a SentencePiece model (they are well under "
+                        f"{MAX_TOKENIZER_BYTES >> 20} MiB): {DAMAGED}")
+    got = file_sha256(path) if want else None
     if want and got != want:
         raise UserError(f"{path} is not the tokenizer this model was trained with (sha256 {got[:12]}... "
                         f"!= {want[:12]}... recorded in export.json): {DAMAGED}")
@@ -130,7 +136,31 @@ def read_export(export_dir: Path) -> tuple[dict[str, torch.Tensor], ModelConfig,
     meta_path = export_dir / "export.json"
     meta = read_json_object(meta_path) if meta_path.exists() else {}
     check_tokenizer(export_dir, meta)
+    check_weights_fit(weights, cfg, model_path)
     return read_weights(weights), cfg, meta
+
+
+def check_weights_fit(weights: Path, cfg: ModelConfig, model_path: Path) -> None:
+    """The tensors the safetensors header lists against the encoder `cfg` describes, built on the meta device
+    (no memory): a model.json that does not match its weights is one line before anything is allocated, not
+    gigabytes of parameters or an allocator traceback."""
+    from safetensors import safe_open
+
+    from hibert.modeling.encoder import HibertEncoder   # lazy: the model code, only to read its shapes
+
+    try:
+        with safe_open(str(weights), "pt") as f:
+            header = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:  # noqa: BLE001 - SafetensorError, OSError: a damaged header
+        reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise UserError(f"{weights} is damaged or not a safetensors file ({reason}): {DAMAGED}") from None
+    with torch.device("meta"):
+        own = {k: tuple(v.shape) for k, v in HibertEncoder(cfg).state_dict().items()}
+    if header != own:
+        odd = sorted(k for k in own.keys() | header.keys() if own.get(k) != header.get(k))
+        shown = ", ".join(f"{k}: model.json {own.get(k)} vs weights {header.get(k)}" for k in odd[:3])
+        raise UserError(f"{model_path} does not describe {weights} ({len(odd)} tensor(s) differ: {shown}): "
+                        f"{DAMAGED}")
 
 
 def load_encoder(encoder: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
