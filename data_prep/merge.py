@@ -258,6 +258,10 @@ def build_manifest(cfg: DataConfig, plan: dict[str, Any], done: list[dict], coun
             "files": [{"path": u, "bytes": size, "sha256": checksums.get(f"{s['name']}:{u}")}
                       for u, size in s["units"]],
             "docs_in": c["docs_in"], "kept": c["kept"], "skipped": c["skipped"],
+            # what part of the source was read: a subset (label-efficiency arms) or each cluster's documents
+            **{k: getattr(src_cfg, k) for k in ("max_records", "sample_fraction") if getattr(src_cfg, k) is not None},
+            **({"sample_seed": src_cfg.sample_seed} if src_cfg.sample_fraction is not None else {}),
+            **({"split_documents": True} if src_cfg.split_documents else {}),
             **({"synthetic": src_cfg.synthetic} if src_cfg.is_cluster else {})})
     totals = {k: v for k, v in counts.items() if k not in ("sources", "splits", "skip_examples")}
     if totals["docs_in"] != totals["kept"] + sum(totals["skipped"].values()):

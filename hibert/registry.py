@@ -264,7 +264,7 @@ def register_artifact_dir(uri: str, run_id: str, artifact_path: str, name: str, 
     except Exception:
         c.create_registered_model(name)
     source = f"runs:/{run_id}/{artifact_path}"
-    done = c.search_model_versions(f"name='{name}' and run_id='{run_id}'") if once else []
+    done = versions_where(c, name=name, run_id=run_id) if once else []
     mv = done[0] if done else c.create_model_version(name=name, source=source, run_id=run_id, tags=tags or {},
                                                      description=description)
     for a in dict.fromkeys([alias, *also]):
@@ -407,6 +407,23 @@ def pin_model_ref(ref: str, uri: str) -> str:
     return f"models:/{name}/{client(uri).get_model_version_by_alias(name, alias).version}"
 
 
+def versions_where(c: Any, **equal: str) -> list[Any]:
+    """search_model_versions for `key = value` clauses, each value quoted for MLflow's filter grammar (which has
+    no escapes: a value holding ' is written in double quotes); a value holding both quotes cannot be written, so
+    those clauses are applied here instead — one registered model named o'brien on a shared server must not
+    break every listing."""
+    clauses, here = [], {}
+    for key, value in equal.items():
+        if "'" not in value:
+            clauses.append(f"{key}='{value}'")
+        elif '"' not in value:
+            clauses.append(f'{key}="{value}"')
+        else:
+            here[key] = value
+    found = c.search_model_versions(" and ".join(clauses) if clauses else None)
+    return [mv for mv in found if all(getattr(mv, k) == v for k, v in here.items())]
+
+
 def list_versions(uri: str, name: str | None = None) -> list[dict[str, Any]]:
     c = client(uri)
     rows = []
@@ -415,7 +432,7 @@ def list_versions(uri: str, name: str | None = None) -> list[dict[str, Any]]:
         aliases_by_version: dict[str, list[str]] = {}
         for alias, version in (m.aliases or {}).items():
             aliases_by_version.setdefault(str(version), []).append(alias)
-        for mv in c.search_model_versions(f"name='{m.name}'"):
+        for mv in versions_where(c, name=m.name):
             rows.append({"name": m.name, "version": str(mv.version),
                          "aliases": sorted(aliases_by_version.get(str(mv.version), [])),
                          "run_id": mv.run_id, "source": mv.source, "tags": dict(mv.tags or {}),

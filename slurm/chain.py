@@ -31,7 +31,7 @@ from hibert.config.ops import SlurmStage
 from hibert.config.schema import Config
 from hibert.heads import HeadError, get_head
 from hibert.redact import redact_uri
-from hibert.registry import client, parse_models_ref, sqlite_path, tracking_uri
+from hibert.registry import client, parse_models_ref, sqlite_path, tracking_uri, versions_where
 
 ALIAS_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")      # TrackingConfig.alias
 CHAIN_ID_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
@@ -263,7 +263,7 @@ def resolve_version(uri: str, name: str, alias: str) -> str:
         try:
             c = client(uri)
             if alias == "latest":
-                versions = [int(v.version) for v in c.search_model_versions(f"name='{name}'")]
+                versions = [int(v.version) for v in versions_where(c, name=name)]
                 if not versions:
                     raise ChainError(f"cannot pin models:/{name}/latest: {name} has no versions in {shown}")
                 return str(max(versions))

@@ -143,3 +143,23 @@ def test_output_lost_at_exit_is_a_failure_not_success():
         out = subprocess.run([sys.executable, "-c", code], stdout=full, stderr=subprocess.PIPE, text=True, timeout=60,
                              env=env)
     assert out.returncode == 120 and "hibert: writing the output failed" in out.stderr, (out.returncode, out.stderr)
+
+
+def test_registry_list_survives_names_holding_quotes(tmp_path, capsys):
+    """One registered model named o'brien on a shared store broke `hibert registry list` for everyone (a name
+    pasted into MLflow's filter string); a name holding both quotes is filtered here instead."""
+    from mlflow import MlflowClient
+
+    from hibert.registry import register_artifact_dir, versions_where
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = MlflowClient(uri)
+    run = c.create_run(c.create_experiment("x")).info.run_id
+    for name in ("o'brien", 'say "hi"', "both'\"", "plain"):
+        register_artifact_dir(uri, run, "export", name, "a", once=True)
+        register_artifact_dir(uri, run, "export", name, "a", once=True)   # once: the version is reused
+    assert main(["registry", "list", "--uri", uri]) == 0
+    out = capsys.readouterr().out
+    assert all(n in out for n in ("o'brien", 'say "hi"', "both'\"", "plain"))
+    assert [str(mv.version) for mv in versions_where(c, name="both'\"")] == ["1"]
+    assert [str(mv.version) for mv in versions_where(c, name="o'brien", run_id=run)] == ["1"]

@@ -279,14 +279,15 @@ def test_titles_are_read_as_ids_and_as_the_summarizers_first_unit(prepared):
 
 @pytest.mark.timeout(60)
 def test_synth_clusters_refuses_binary_missing_or_unusable_input_in_one_line(tmp_path, capsys, read_only_dir):
-    """A binary file (here a gzipped JSONL), a directory, a missing file and a file without one usable record:
-    one line naming the input, exit 2, no output written (it used to print "0 clusters", exit 0). An output that
-    cannot be written: one line naming it (the `hibert` command's own catch), exit 2."""
+    """A binary file (NUL bytes, also inside a gzip file), a directory, a missing file and a file without one
+    usable record: one line naming the input, exit 2, no output written (it used to print "0 clusters", exit 0).
+    An output that cannot be written, or that is the input: one line naming it, exit 2. Gzip JSON Lines are
+    read as they are shipped (../shared/data's .jsonl.gz)."""
     from hibert.cli import main
 
     good = json.dumps({"article": "Rain fell.", "highlights": "Rain."}) + "\n"
-    binary = tmp_path / "articles.jsonl.gz"
-    binary.write_bytes(gzip.compress(good.encode() * 50))
+    binary = tmp_path / "articles.bin.gz"
+    binary.write_bytes(gzip.compress(b"\0\1\2" * 50))
     fields = tmp_path / "other_fields.jsonl"
     fields.write_text(json.dumps({"text": "Rain fell.", "summary": "Rain."}) + "\n")
     out = tmp_path / "clusters.jsonl"
@@ -301,3 +302,11 @@ def test_synth_clusters_refuses_binary_missing_or_unusable_input_in_one_line(tmp
     assert main(["synth-clusters", "--input", str(src), "--output", str(read_only_dir / "sub" / "c.jsonl")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{read_only_dir / 'sub'} is not writable" in err, err
+    before = src.read_text()
+    assert main(["synth-clusters", "--input", str(src), "--output", str(src)]) == 2   # it used to empty its input
+    assert "would overwrite --input" in capsys.readouterr().err and src.read_text() == before
+    gz = tmp_path / "articles.jsonl.gz"
+    gz.write_bytes(gzip.compress("".join(json.dumps({"article": f"Rain fell on town {i}. Roads closed.",
+                                                       "highlights": "Rain."}) + "\n" for i in range(6)).encode()))
+    assert main(["synth-clusters", "--input", str(gz), "--output", str(out), "--min-similarity", "0"]) == 0
+    assert json.loads((tmp_path / "clusters.jsonl.stats.json").read_text())["records_in"] == 6

@@ -87,3 +87,17 @@ def test_an_override_reaches_into_a_list_of_sections():
         load_config(None, ["data=sample_cnndm", "data.sources.9.max_records=3"])
     with pytest.raises(ConfigError, match="a list item"):
         load_config(None, ["data=sample_cnndm", "data.sources.0=3"])
+
+
+def test_a_prepared_subset_records_itself_in_the_manifest(tmp_path, tiny_data):
+    from hibert.config.data import TokenizerConfig
+    from hibert.data_prep import prepare
+
+    rows = [{"idx": i, "text": f"The council met on day {i}. It approved the budget."} for i in range(60)]
+    path = _jsonl(tmp_path / "d.jsonl.gz", rows, gz=True)
+    cfg = DataConfig(sources=[SourceConfig(format="jsonl", path=path, id_field="idx", sample_fraction=0.5)],
+                     output=str(tmp_path / "out"), tokenizer=TokenizerConfig(model=str(tiny_data["open"] / "tokenizer.model")))
+    m = prepare(cfg, progress=False)
+    src = m["sources"][0]
+    assert src["sample_fraction"] == 0.5 and src["sample_seed"] == 0
+    assert src["docs_in"] == 60 and src["kept"] + src["skipped"]["not_sampled"] == 60 and 15 <= src["kept"] <= 45

@@ -473,3 +473,20 @@ def test_an_early_stopped_run_started_again_trains_no_further(tiny_data, tmp_pat
     again = run_hibert(["finetune", *over, "--init", "random"], timeout=300)
     assert "run already finished at step 4" in again.stdout + again.stderr
     assert json.loads((tmp_path / "es" / "export" / "export.json").read_text()) == meta
+
+
+def test_evaluate_refuses_an_out_file_and_a_report_directory_another_evaluation_holds(finetuned, tmp_path):
+    """`--out <a file>` was a FileExistsError traceback after the scoring ran; two evaluations of one run at once
+    (another --k) logged one's scores with the other's report: both are refused before any work."""
+    from filelock import FileLock
+
+    _, over = finetuned
+    f = tmp_path / "a.txt"
+    f.write_text("x")
+    r = run_hibert(["evaluate", *over, "--out", str(f)], check=False, timeout=120)
+    assert r.returncode == 2 and "is a file; name a directory" in r.stderr and f.read_text() == "x", r.stderr
+    out = tmp_path / "rep"
+    with FileLock(str(tmp_path / ".rep.lock")):   # another evaluation writing this report directory
+        r = run_hibert(["evaluate", *over, "--out", str(out), "--k", "2"], check=False, timeout=120)
+    assert r.returncode == 2 and "another hibert evaluate is writing" in r.stderr and not out.exists(), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

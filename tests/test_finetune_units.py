@@ -51,13 +51,24 @@ def test_multiple_references_take_the_best():
     assert r.score_doc(pred, [bad])["rouge1_f"] == pytest.approx(0.0)
 
 
-def test_rouge_matches_a_decoders_nfkc_text_with_a_raw_reference():
-    # SentencePiece's nmt_nfkc turns the ligature and the fraction into "fi" and "1⁄2"; rouge-score alone keeps ASCII
-    # only ("ﬁnal" -> "nal", "2½" -> "2"): 4 of 6 unigrams would match. Both sides normalised: all 6.
-    r = Rouge(("rouge1",))
+def test_rouge_is_rouge_scores_exactly_and_nfkc_is_an_option():
+    """Scores equal the rouge-score package's on the same strings ("8½" stays "8"; NFKC would make it "81⁄2", a new
+    token "81"). The option `nfkc=True` normalises both sides: a decoder's nmt_nfkc copy ("fi", "21⁄2") of a raw
+    reference ("ﬁ", "2½") then matches in full."""
+    from rouge_score import rouge_scorer
+
+    ref = ["a storm cost 8½ million dollars .", "the ﬁnal vote is on monday ."]
+    pred = ["the storm cost 8 million .", "the final vote was held ."]
+    got = Rouge().score_doc(pred, [ref])
+    want = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL", "rougeLsum"], use_stemmer=True).score(
+        "\n".join(ref), "\n".join(pred))
+    for m, s in want.items():
+        assert (got[f"{m}_f"], got[f"{m}_p"], got[f"{m}_r"]) == (100 * s.fmeasure, 100 * s.precision, 100 * s.recall)
+    assert Rouge(nfkc=True).score_doc(pred, [ref])["rouge1_f"] != got["rouge1_f"]   # "81" where the package has "8"
     decoded, raw = ["The final bill was 21⁄2 million."], [["The ﬁnal bill was 2½ million."]]
-    assert r.score_doc(decoded, raw)["rouge1_f"] == 100.0
-    assert r.score_doc(["The final cost"], [["The final cost"]])["rouge1_f"] == 100.0
+    assert Rouge(("rouge1",), nfkc=True).score_doc(decoded, raw)["rouge1_f"] == 100.0
+    assert Rouge(("rouge1",)).score_doc(decoded, raw)["rouge1_f"] < 80   # "nal" and "2" where "final" and "21 2"
+    assert Rouge(("rouge1",)).score_doc(["The final cost"], [["The final cost"]])["rouge1_f"] == 100.0
 
 
 def test_bootstrap_ci_contains_mean_and_narrows():
@@ -329,3 +340,76 @@ def test_summarize_inputs_are_read_no_further_than_a_document_may_be_and_gzip_is
     empty.write_bytes(gzip.compress(b"\n\n"))
     with pytest.raises(InputError, match="e.jsonl.gz: empty input"):
         list(read_documents(str(empty), "text"))
+
+
+def test_a_lone_surrogate_in_a_summarize_record_is_one_line_naming_it(tmp_path):
+    from hibert.finetune.inference.text import InputError, read_clusters, read_documents
+
+    (tmp_path / "s.jsonl").write_text('{"text": "ok."}\n{"text": "bad \\ud800 text."}\n')
+    with pytest.raises(InputError, match=r"s.jsonl:2: field 'text' holds a lone surrogate at character 4"):
+        list(read_documents(str(tmp_path / "s.jsonl"), "text"))
+    (tmp_path / "c.jsonl").write_text('{"documents": ["fine.", "\\udfff"]}\n')
+    with pytest.raises(InputError, match=r"c.jsonl:1: field 'documents' holds a lone surrogate"):
+        list(read_clusters([str(tmp_path / "c.jsonl")], "text"))
+
+
+def test_bad_export_limits_are_one_line_naming_the_file_and_key(tmp_path):
+    import json
+
+    from hibert.errors import UserError
+    from hibert.finetune.inference.text import TextEncoder, export_limits, max_doc_chars
+
+    path = tmp_path / "export.json"
+    for limits, needle in (({"max_doc_chars": "abc"}, "data.limits.max_doc_chars is 'abc'"),
+                           ({"max_sentence_tokens": -3}, "data.limits.max_sentence_tokens is '-3'"),
+                           ({"max_doc_sentences": 2.5}, "data.limits.max_doc_sentences is '2.5'"),
+                           ([1, 2], "data.limits is list")):
+        path.write_text(json.dumps({"data": {"limits": limits}}))
+        with pytest.raises(UserError, match=re.escape(f"{path}: {needle}")) as e:
+            export_limits(tmp_path)
+        assert "\n" not in str(e.value)
+    path.write_text(json.dumps({"data": {"limits": {"max_doc_chars": "x"}}}))
+    with pytest.raises(UserError, match="data.limits.max_doc_chars"):   # not prep's default in its place
+        max_doc_chars(tmp_path)
+    with pytest.raises(UserError, match=re.escape(f"{path}: data.segmenter.kind is 'bogus'")):
+        TextEncoder(tmp_path, {"data": {"segmenter": {"kind": "bogus"}}})
+    path.write_text(json.dumps({"data": {"limits": {"max_doc_chars": 500}}}))
+    assert export_limits(tmp_path) == {"max_sentence_tokens": 50, "max_doc_sentences": 30, "max_doc_chars": 500}
+    path.unlink()
+    assert max_doc_chars(tmp_path) == 1_000_000     # no export.json: prep's defaults
+
+
+def test_a_served_request_is_bounded_in_rows_and_stops_past_the_servers_timeout(monkeypatch):
+    """Rows per request were unbounded (a 47 MB body added 200 MB of peak RSS), and a request past MLflow's
+    scoring timeout got its 504 while the worker kept computing: too many rows are a 400, and predict stops
+    between batches once the deadline has passed."""
+    import pandas as pd
+    from mlflow.exceptions import MlflowException
+
+    from hibert.finetune.inference.text import Summary
+    from hibert.finetune.serving.pyfunc import HibertPyfunc, _max_batch
+
+    calls = []
+
+    class Slow:
+        def summarize_all(self, rows, **kw):
+            calls.append(len(rows))
+            clock[0] += 10.0
+            return [Summary(i, ["s."], [0], 1) for i, _ in rows]
+
+    clock = [0.0]
+    monkeypatch.setattr("hibert.finetune.serving.pyfunc.time.monotonic", lambda: clock[0])
+    model = object.__new__(HibertPyfunc)
+    model.clusters, model.max_chars, model.settings, model.head, model.model_note = False, 1000, None, None, None
+    model.max_batch_size, model.max_rows, model.timeout_s, model.summarizer = 2, 5, 15.0, Slow()
+    with pytest.raises(MlflowException, match="6 rows: this server takes at most 5 per request"):
+        model.predict(pd.DataFrame({"text": ["A doc."] * 6}))
+    assert calls == []
+    with pytest.raises(MlflowException, match="ran past the server.s 15 s .* after 4 of 5 rows"):
+        model.predict(pd.DataFrame({"text": ["A doc."] * 5}))
+    assert calls == [2, 2]            # the third batch never started
+    calls.clear()
+    clock[0] = 0.0
+    out = model.predict(pd.DataFrame({"text": ["A doc."] * 4}))
+    assert len(out) == 4 and calls == [2, 2]
+    assert _max_batch(None, "max_rows", 256) == 256

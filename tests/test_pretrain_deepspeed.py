@@ -87,6 +87,7 @@ def test_zero_stage_trains_and_loss_falls(tiny_data, tmp_path, stage):
     assert len(losses) == 16
     assert np.mean(losses[-4:]) < np.mean(losses[:4]) - 0.3, losses
     assert (tmp_path / f"z{stage}" / "export" / "encoder.safetensors").is_file()
+    assert not list((tmp_path / f"z{stage}").glob("launch-*"))   # the ranks' resolved config (credentials) is gone
 
 
 def test_two_ranks_equal_one_process_on_the_same_global_batch(tiny_data, tmp_path, reference_run):

@@ -514,3 +514,20 @@ def test_the_bf16_overflow_check_is_a_switch():
     assert on["bf16"] == {"enabled": True} and off["bf16"] == {"enabled": True, "check_grad_overflow": False}
     assert deepspeed_config(load_config(None, ["deepspeed.check_finite_grads=false"]), "fp32")["bf16"] == {
         "enabled": False}
+
+
+def test_a_killed_launchers_config_folder_goes_and_a_live_ones_stays(tmp_path):
+    """A launcher killed before its finally leaves launch-<pid>-*/config.resolved.yaml (0600, credentials): the
+    next launch into the run directory removes those of dead processes and of the old unnamed form."""
+    import subprocess
+
+    from hibert.runtime.launch import remove_stale_launch_dirs
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for name in (f"launch-{dead.pid}-abc", "launch-xyz123", f"launch-{os.getpid()}-live"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.resolved.yaml").write_text("tracking: {token: s3cret}\n")
+    removed = {p.name for p in remove_stale_launch_dirs(tmp_path)}
+    assert removed == {f"launch-{dead.pid}-abc", "launch-xyz123"}
+    assert [p.name for p in tmp_path.glob("launch-*")] == [f"launch-{os.getpid()}-live"]

@@ -240,7 +240,7 @@ def test_submit_reports_bad_stage_names_and_overrides(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"slurm": {"pipeline": [{"name": "p", "command": "pretrain",
                                                            "overrides": ["model.hiden=3"]}]}}))
-    assert main(["submit", str(bad), "--dry-run"]) == 2
+    assert main(["submit", str(bad), "--dry-run", "--no-pin"]) == 2
     assert "model.hidden" in capsys.readouterr().err  # the stage's config is validated before submitting
 
 
@@ -414,3 +414,23 @@ def test_no_value_runs_as_a_command_when_the_script_runs(tmp_path, evil):
     assert not list(tmp_path.rglob("PWNED")), out.stdout + out.stderr
     assert (logs / ".restarts-42").read_text().strip() == "1"      # the count file at its literal path
     assert f"(job-{evil})" in out.stdout and "requeue 42" in (tmp_path / "scontrol.log").read_text()
+
+
+def test_a_path_sbatch_cannot_hold_is_one_line_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    """A working directory with a space, or a newline in a recipe's output_dir, was a ValueError traceback at
+    render time; now `hibert submit` says it in one line and writes nothing."""
+    recipe = write_recipe(tmp_path)
+    spaced = tmp_path / "a b"
+    spaced.mkdir()
+    monkeypatch.chdir(spaced)
+    assert main(["submit", str(recipe), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "whitespace" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    monkeypatch.chdir(tmp_path)
+    data = yaml.safe_load(recipe.read_text())
+    data["run"]["output_dir"] = str(tmp_path / "o\nid")
+    bad = tmp_path / "nl.yaml"
+    bad.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["submit", str(bad), "--dry-run", "--no-pin"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot contain whitespace" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err

@@ -378,3 +378,18 @@ def test_the_abstractive_meta_says_how_many_sentences_the_model_reads():
     meta = ev.report_meta([])
     assert meta["reads"] == "the first chunk of each document (<= 128 positions; its first 7 sentences)"
     assert meta["reads_sentences"] == 7
+
+
+def test_report_md_shows_markup_in_documents_and_ids_as_text(tmp_path):
+    """Source, summary, reference and id text with <script>, <img onerror>, <iframe>, an unclosed <!-- (which hid
+    the rest of the report in any Markdown renderer) and | (a table cell) are text in report.md, not markup."""
+    from hibert.finetune.evaluation.report import write_report
+
+    evil = ["<script>alert(1)</script> a | b", "<img src=x onerror=alert(2)> <iframe src=//x>", "<!-- hidden"]
+    docs = [Document("id<!--x", evil, [["<b>ref</b> & more"]], np.array([1, 0, 0]))]
+    result = score_systems(docs, {"model": [evil[:2]], "lead3": [evil]}, n_resamples=10)
+    md = write_report(tmp_path / "r", result, docs, {"task": "extractive", "notes": ["<!-- a note"]})["md"].read_text()
+    assert "<" not in md.split("## Examples")[1]
+    assert "<script>" not in md and "<img" not in md and "<iframe" not in md and "<!--" not in md and "<b>" not in md
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; a \\| b" in md and "### id&lt;!--x" in md
+    assert "&lt;b&gt;ref&lt;/b&gt; &amp; more" in md and "**Note:** &lt;!-- a note" in md

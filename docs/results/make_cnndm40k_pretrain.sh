@@ -10,8 +10,12 @@
 set -euo pipefail
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
 ARM=${1:?arm: open-in or in-only}; P=${2:?pretraining seed}
-case "$ARM" in open-in) STAGE=pretrain-in ;; in-only) STAGE=pretrain-in-only ;; *) echo "arm: open-in or in-only" >&2; exit 2 ;; esac
+case "$ARM" in
+  open-in) STAGE=pretrain-in; STAGES=pretrain-open,pretrain-in ;;
+  in-only) STAGE=pretrain-in-only; STAGES=pretrain-in-only ;;
+  *) echo "arm: open-in or in-only" >&2; exit 2 ;;
+esac
 OUT=runs/c40-$ARM-p$P
 .venv/bin/hibert demo cnndm-40k "run.output_dir=$OUT" "run.seed=$P" "schedule.seed=$P" --stages "$STAGE"
-.venv/bin/python -m hibert.finetune.encoder_record "$OUT/$STAGE" "docs/results/encoders/cnndm40k-$ARM-p$P" \
+.venv/bin/python -m hibert.pretrain.encoder_record "$OUT" "$STAGES" "docs/results/encoders/cnndm40k-$ARM-p$P" \
     "docs/results/cnndm40k-pretrain-$ARM-p$P.json"

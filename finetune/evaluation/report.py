@@ -3,6 +3,7 @@ documents, ROUGE with bootstrap CIs and paired differences (against the baseline
 other runs' reports), written as Markdown + JSON + PNG."""
 from __future__ import annotations
 
+import html
 import json
 import logging
 from collections import defaultdict
@@ -155,8 +156,15 @@ def position_lines(positions: dict[str, Any], shown: tuple[str, ...] = ("model",
              "| picked sentence position | " + " | ".join(positions["bins"]) + " |",
              "|---|" + "---|" * len(positions["bins"])]
     for name, h in rows:
-        lines.append(f"| {name} ({h['picks']} picks) | " + " | ".join(f"{100 * x:.0f}" for x in h["share"]) + " |")
+        lines.append(f"| {md(name)} ({h['picks']} picks) | " + " | ".join(f"{100 * x:.0f}" for x in h["share"]) + " |")
     return lines
+
+
+def md(text: Any) -> str:
+    """Text from documents, models or the command line as Markdown shows it, never as markup: <, > and & as
+    entities (no <script>, <img onerror>, <iframe> or an unclosed <!-- hiding the rest of the report), | escaped
+    (a table cell stays one cell), the text on one line."""
+    return html.escape(" ".join(str(text).split()), quote=False).replace("|", "\\|")
 
 
 def _on_off(v: Any) -> Any:
@@ -187,9 +195,9 @@ def meta_lines(meta: dict[str, Any]) -> list[str]:
             continue
         if isinstance(value, dict):
             lines.append(f"- {key}:")
-            lines += [f"  - {k}: {meta_text(v)}" for k, v in value.items()]
+            lines += [f"  - {md(k)}: {md(meta_text(v))}" for k, v in value.items()]
         else:
-            lines.append(f"- {key}: {meta_text(value)}")
+            lines.append(f"- {md(key)}: {md(meta_text(value))}")
     return lines
 
 
@@ -197,7 +205,7 @@ def notes_lines(meta: dict[str, Any]) -> list[str]:
     """The meta's notes as a quoted block, each one a paragraph: what a reader must know before the numbers."""
     lines = []
     for note in meta.get("notes") or []:
-        lines += [f"> **Note:** {note}", ">"]
+        lines += [f"> **Note:** {md(note)}", ">"]
     return lines[:-1] + [""] if lines else []
 
 
@@ -242,7 +250,7 @@ def write_report(out_dir: Path, result: dict[str, Any], docs: list[Document], me
              "|---|" + "---|" * len(HEADLINE)]
     for name, sc in systems.items():
         cells = [f"{sc[m]['mean']:.2f} [{sc[m]['low']:.2f}, {sc[m]['high']:.2f}]" for m in HEADLINE]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append(f"| {md(name)} | " + " | ".join(cells) + " |")
     if result.get("paired"):
         lines += ["", "Paired bootstrap over the same documents (difference of F1, 95% CI, two-sided p):", "",
                   "| pair | " + " | ".join(m.replace("_f", "") for m in HEADLINE) + " | ROUGE-1 reads |",
@@ -251,7 +259,7 @@ def write_report(out_dir: Path, result: dict[str, Any], docs: list[Document], me
             cells = [f"{by_metric[m]['diff']:+.2f} [{by_metric[m]['low']:+.2f}, {by_metric[m]['high']:+.2f}] "
                      + format_p(by_metric[m]["p_value"], by_metric[m]["resamples"]) for m in HEADLINE]
             r1 = by_metric[HEADLINE[0]]
-            lines.append(f"| {pair} | " + " | ".join(cells) + f" | {verdict(r1['low'], r1['high'])} |")
+            lines.append(f"| {md(pair)} | " + " | ".join(cells) + f" | {verdict(r1['low'], r1['high'])} |")
         lines += ["", ONE_SEED]
     if result.get("abstractiveness"):
         cols = list(next(iter(result["abstractiveness"].values())))
@@ -259,15 +267,15 @@ def write_report(out_dir: Path, result: dict[str, Any], docs: list[Document], me
                   "source; repeated 3-grams: % repeating an earlier 3-gram of the same summary):", "",
                   "| system | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
         for name, stats in result["abstractiveness"].items():
-            lines.append(f"| {name} | " + " | ".join(f"{stats[c]:.1f}" for c in cols) + " |")
+            lines.append(f"| {md(name)} | " + " | ".join(f"{stats[c]:.1f}" for c in cols) + " |")
     if positions:
         lines += ["", *position_lines(positions)]
     lines += ["", "## Examples", ""]
     for i in range(min(3, len(docs))):
-        lines += [f"### {docs[i].doc_id}", ""]
+        lines += [f"### {md(docs[i].doc_id)}", ""]
         for name, summaries in result["summaries"].items():
-            lines += [f"**{name}:** " + " ".join(summaries[i]), ""]
-        lines += ["**reference:** " + " ".join(docs[i].references[0]), ""]
+            lines += [f"**{md(name)}:** " + md(" ".join(summaries[i])), ""]
+        lines += ["**reference:** " + md(" ".join(docs[i].references[0])), ""]
     (out_dir / "report.md").write_text("\n".join(lines))
 
     fig, ax = plt.subplots(figsize=(7, 3.5))

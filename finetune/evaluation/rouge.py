@@ -3,9 +3,10 @@
 (they differ slightly). With several references a document scores the max F over references per metric
 (its P and R are taken from that same reference). ROUGE-Lsum splits sentences on newlines.
 
-Both sides are NFKC-normalised first: a decoder's text comes out of SentencePiece's nmt_nfkc normaliser while
-references are raw, and rouge-score keeps only ASCII letters and digits, so a copied "ﬁnal" (ligature) would
-score as "nal" against the summary's "final". ASCII text is unchanged."""
+Scores are exactly rouge-score's (the model card names it): the texts are passed as they are. `nfkc=True`
+NFKC-normalises both sides first, an option off by default: rouge-score keeps only ASCII letters and digits, so a
+decoder's copied "ﬁnal" (a ligature SentencePiece's nmt_nfkc undid) would score as "nal" against "final" — but
+NFKC also rewrites "8½" as "81⁄2", a new token "81", so it is not a harmless default."""
 from __future__ import annotations
 
 import unicodedata
@@ -17,8 +18,9 @@ METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 
 
 class Rouge:
-    def __init__(self, metrics: Sequence[str] = METRICS, stemmer: bool = True):
+    def __init__(self, metrics: Sequence[str] = METRICS, stemmer: bool = True, nfkc: bool = False):
         self.metrics = tuple(metrics)
+        self.normalise = _nfkc if nfkc else _as_is
         # imported here: rouge-score pulls in nltk (~1.4 s), which the bootstrap helpers below, `hibert compare`
         # and every command's --help do not need
         from rouge_score import rouge_scorer
@@ -30,10 +32,10 @@ class Rouge:
         Returns {metric_p, metric_r, metric_f} per metric, in [0, 100]."""
         if not references:
             raise ValueError("a document needs at least one reference")
-        pred = _nfkc("\n".join(prediction))
+        pred = self.normalise("\n".join(prediction))
         best: dict[str, tuple[float, float, float]] = {}
         for ref in references:
-            s = self.scorer.score(_nfkc("\n".join(ref)), pred)
+            s = self.scorer.score(self.normalise("\n".join(ref)), pred)
             for m in self.metrics:
                 cur = (s[m].fmeasure, s[m].precision, s[m].recall)
                 if m not in best or cur[0] > best[m][0]:
@@ -53,6 +55,10 @@ class Rouge:
 
 def _nfkc(text: str) -> str:
     return text if text.isascii() else unicodedata.normalize("NFKC", text)
+
+
+def _as_is(text: str) -> str:
+    return text
 
 
 def bootstrap_ci(values: np.ndarray, n_resamples: int = 1000, seed: int = 0,

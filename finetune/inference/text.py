@@ -16,6 +16,8 @@ import numpy as np
 from hibert.config.data import DataConfig, SegmenterConfig
 from hibert.data_prep import tokenizer as tok
 from hibert.data_prep.process import Sentencizer
+from hibert.errors import UserError
+from hibert.json_files import DAMAGED
 from hibert.json_lines import INVALID_UTF8, NOT_OBJECT, TOO_LONG, BadLine, json_lines
 
 _PTB_MARKERS = re.compile(r"(-lrb-|-rrb-| n't\b| 's\b| `` | '' )")
@@ -80,7 +82,17 @@ def read_documents(source: str, field: str, limit: int | None = None,
             raise InputError(f"{where}: no text field {field!r} (use --field)")
         if not rec[field].strip():
             raise InputError(f"{where}: field {field!r} is empty, nothing to summarize")
+        _check_encodable(rec[field], where, field)
         yield where, rec[field]
+
+
+def _check_encodable(text: str, where: str, field: str) -> None:
+    """JSON can spell lone surrogates ("\\ud800"), which no segmenter or UTF-8 output can hold."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InputError(f"{where}: field {field!r} holds a lone surrogate at character {e.start} (not "
+                         "encodable as UTF-8): fix the record's escapes") from None
 
 
 def _records(source: str, limit: int | None, max_chars: int) -> Iterator[tuple[str, dict[str, Any] | None]]:
@@ -156,6 +168,8 @@ def read_clusters(sources: list[str], field: str, limit: int | None = None,
                 raise InputError(f"{where}: no list of document strings in field {key!r} (use --field)")
             if not any(d.strip() for d in docs):
                 raise InputError(f"{where}: every document of the cluster is empty")
+            for d in docs:
+                _check_encodable(d, where, key)
             yield where, docs
     else:
         texts = [_read_text(s, max_chars) for s in sources]
@@ -163,13 +177,36 @@ def read_clusters(sources: list[str], field: str, limit: int | None = None,
         yield name, [t for _, t in texts]
 
 
+LIMITS = {"max_sentence_tokens": 50, "max_doc_sentences": 30, "max_doc_chars": DEFAULT_MAX_CHARS}   # prep's defaults
+
+
+def export_limits(export_dir: Path, meta: dict[str, Any] | None = None) -> dict[str, int]:
+    """The data limits an export's training data was prepared with (export.json data.limits; prep's defaults
+    where it records none): a value that is not a positive integer is one line naming the file and the key."""
+    path = Path(export_dir) / "export.json"
+    if meta is None:
+        try:
+            meta = json.loads(path.read_text())
+        except (OSError, ValueError):
+            meta = {}
+    data = meta.get("data") if isinstance(meta, dict) else None
+    limits = data.get("limits") if isinstance(data, dict) else None
+    if limits is None:
+        return dict(LIMITS)
+    if not isinstance(limits, dict):
+        raise UserError(f"{path}: data.limits is {type(limits).__name__}, not a mapping of limits: {DAMAGED}")
+    out = {}
+    for key, default in LIMITS.items():
+        v = limits.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise UserError(f"{path}: data.limits.{key} is {str(v)[:60]!r}, not a positive integer: {DAMAGED}")
+        out[key] = v
+    return out
+
+
 def max_doc_chars(export_dir: Path) -> int:
     """The document limit an export's training data was prepared with (export.json data.limits)."""
-    try:
-        meta = json.loads((Path(export_dir) / "export.json").read_text())
-        return int(meta["data"]["limits"]["max_doc_chars"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return DEFAULT_MAX_CHARS
+    return export_limits(export_dir)["max_doc_chars"]
 
 
 def check_length(text: str, where: str, limit: int) -> None:
@@ -194,12 +231,15 @@ class TextEncoder:
     def __init__(self, export_dir: Path, meta: dict, stanza_dir: str | None = None):
         data = meta.get("data", {})
         seg = data.get("segmenter", {})
-        limits = data.get("limits", {})
-        seg_cfg = SegmenterConfig(kind=seg.get("kind", "spacy"), stanza_dir=stanza_dir)
-        self.cfg = DataConfig(segmenter=seg_cfg,
-                              max_sentence_tokens=limits.get("max_sentence_tokens", 50),
-                              max_doc_sentences=limits.get("max_doc_sentences", 30))
-        self.max_doc_chars = int(limits.get("max_doc_chars", 1_000_000))
+        limits = export_limits(export_dir, meta)
+        kind = seg.get("kind", "spacy") if isinstance(seg, dict) else seg
+        if kind not in ("spacy", "neural"):
+            raise UserError(f"{Path(export_dir) / 'export.json'}: data.segmenter.kind is {str(kind)[:60]!r}, not "
+                            f"spacy or neural: {DAMAGED}")
+        seg_cfg = SegmenterConfig(kind=kind, stanza_dir=stanza_dir)
+        self.cfg = DataConfig(segmenter=seg_cfg, max_sentence_tokens=limits["max_sentence_tokens"],
+                              max_doc_sentences=limits["max_doc_sentences"])
+        self.max_doc_chars = limits["max_doc_chars"]
         self.sentencizer = Sentencizer(self.cfg)
         self.sp = tok.load(Path(export_dir) / "tokenizer.model")
 

@@ -13,7 +13,9 @@ the scoring server answers with 400 and the message.
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,11 @@ log = logging.getLogger("hibert.serving")
 # the model's config: `load_model(uri, model_config={"max_batch_size": N})`, or for `mlflow models serve`
 # MLFLOW_PYFUNC_INFERENCE_CONFIG='{"max_batch_size": N}' (MLflow's own override of a flavor's model_config).
 SERVING_MAX_BATCH = 16
+# rows one request may hold (model_config max_rows): a request's memory is bounded by the server, not the client
+SERVING_MAX_ROWS = 256
+# MLflow's scoring server answers 504 after this many seconds (its MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT) but
+# leaves the worker computing: predict stops at the next batch once the deadline has passed
+REQUEST_TIMEOUT_ENV = "MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT"
 
 
 class ServingError(MlflowException):
@@ -67,28 +74,38 @@ def _bad(message: str) -> MlflowException:
     return ServingError(message, error_code=INVALID_PARAMETER_VALUE)
 
 
-def _max_batch(value: Any) -> int:
-    """The server's bound on documents decoded together (model_config max_batch_size; None: the default)."""
+def _max_batch(value: Any, key: str = "max_batch_size", default: int = SERVING_MAX_BATCH) -> int:
+    """A server bound from model_config (max_batch_size: documents decoded together; max_rows: rows a request
+    may hold); None: the default."""
     if value is None:
-        return SERVING_MAX_BATCH
+        return default
     try:
         n = int(value)
     except (TypeError, ValueError):
         n = None
     if n is None or isinstance(value, bool) or n != value and str(n) != str(value).strip():
-        raise _bad(f"model_config max_batch_size {value!r}: must be a whole number of documents")
+        raise _bad(f"model_config {key} {value!r}: must be a whole number of documents")
     if n < 1:
-        raise _bad(f"model_config max_batch_size {value!r}: must be >= 1")
+        raise _bad(f"model_config {key} {value!r}: must be >= 1")
     return n
+
+
+def _request_timeout() -> float:
+    try:
+        return max(1.0, float(os.environ.get(REQUEST_TIMEOUT_ENV, "60")))
+    except ValueError:
+        return 60.0
 
 
 class HibertPyfunc:
     """One loaded export; `predict` never changes its state (a server may call it from several threads)."""
 
     def __init__(self, export_dir: str | Path, stanza_dir: str | None = None, device: str | None = None,
-                 max_batch_size: int | None = None):
+                 max_batch_size: int | None = None, max_rows: int | None = None):
         self.export_dir = Path(export_dir)
         self.max_batch_size = _max_batch(max_batch_size)
+        self.max_rows = _max_batch(max_rows, "max_rows", SERVING_MAX_ROWS)
+        self.timeout_s = _request_timeout()
         self.head = head_of_export(self.export_dir)
         if self.head.summarizer is None:
             raise _bad(f"a {self.head.name} model does not summarize; it has no pyfunc predict")
@@ -120,6 +137,9 @@ class HibertPyfunc:
                     if other in df.columns else "")
             raise _bad(f"input has no {column!r} column (columns: {', '.join(map(str, df.columns)) or 'none'})"
                        f"{hint}")
+        if len(df) > self.max_rows:
+            raise _bad(f"{len(df)} rows: this server takes at most {self.max_rows} per request (its model_config "
+                       "max_rows); send them in several requests")
         ids = df["id"].tolist() if "id" in df.columns else [None] * len(df)
         rows = []
         for n, (doc_id, value) in enumerate(zip(ids, df[column].tolist()), 1):
@@ -175,8 +195,14 @@ class HibertPyfunc:
     def predict(self, model_input, params: dict[str, Any] | None = None):
         rows = self._rows(model_input)
         overrides = self._overrides(params)
+        deadline = time.monotonic() + self.timeout_s
+        summaries = []
         try:
-            summaries = self.summarizer.summarize_all(rows, **overrides) if rows else []
+            for i in range(0, len(rows), self.max_batch_size):   # outputs do not depend on the batch
+                if i and time.monotonic() > deadline:   # the client has its 504 already: stop computing for it
+                    raise _bad(f"the request ran past the server's {self.timeout_s:.0f} s ({REQUEST_TIMEOUT_ENV}) "
+                               f"after {i} of {len(rows)} rows; send fewer rows per request")
+                summaries += self.summarizer.summarize_all(rows[i:i + self.max_batch_size], **overrides)
         except InputError as e:
             raise _bad(str(e)) from None
         out = [s.record(self.clusters, self.model_note) for s in summaries]   # what `hibert summarize --json` prints
@@ -185,8 +211,9 @@ class HibertPyfunc:
 
 def _load_pyfunc(data_path: str, model_config: dict[str, Any] | None = None) -> HibertPyfunc:
     """MLflow's entry point: `data_path` is the model directory (the export). `model_config` may set
-    `stanza_dir` (a neural segmenter's models), `device` and `max_batch_size` (documents decoded together at
-    most, whatever a request's params.batch_size; default SERVING_MAX_BATCH)."""
+    `stanza_dir` (a neural segmenter's models), `device`, `max_batch_size` (documents decoded together at
+    most, whatever a request's params.batch_size; default SERVING_MAX_BATCH) and `max_rows` (rows a request may
+    hold; default SERVING_MAX_ROWS)."""
     model_config = model_config or {}
     return HibertPyfunc(data_path, model_config.get("stanza_dir"), model_config.get("device"),
-                        model_config.get("max_batch_size"))
+                        model_config.get("max_batch_size"), model_config.get("max_rows"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -150,5 +151,35 @@ def relaunch(cfg: Config, command: str, nproc: int) -> int:
         print(f"hibert {command}: {e}", file=sys.stderr)
         return 1
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    path = save_resolved(cfg, Path(tempfile.mkdtemp(prefix="launch-", dir=cfg.run_dir)))
-    return launch_local(nproc, ["-m", "hibert.cli", command, str(path)])
+    remove_stale_launch_dirs(cfg.run_dir)
+    # the resolved config the ranks start from (0600: it may hold credentials), gone when they are
+    launch_dir = Path(tempfile.mkdtemp(prefix=f"launch-{os.getpid()}-", dir=cfg.run_dir))
+    try:
+        path = save_resolved(cfg, launch_dir)
+        return launch_local(nproc, ["-m", "hibert.cli", command, str(path)])
+    finally:
+        shutil.rmtree(launch_dir, ignore_errors=True)
+
+
+def remove_stale_launch_dirs(run_dir: Path) -> list[Path]:
+    """`launch-<pid>-*` folders a killed launcher left (its finally never ran): those of a process that is
+    gone, and those named before the pid was in the name; a live launcher's stays."""
+    removed = []
+    for d in run_dir.glob("launch-*"):
+        parts = d.name.split("-")
+        pid = int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else None
+        if pid is not None and _alive(pid):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
