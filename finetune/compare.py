@@ -70,6 +70,44 @@ def load_system(item: str, split: str) -> tuple[str, dict[str, Any], list[str], 
     return name, scores, per_doc["doc_ids"], found, system, run_dir
 
 
+RESULTS_SCHEMA = "hibert-results/1"
+
+
+def _results_file(path: str) -> dict[str, Any] | None:
+    """A results file (`hibert compare --results`) named as an input, else None."""
+    p = Path(path)
+    if p.suffix != ".json" or not p.is_file():
+        return None
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("schema") == RESULTS_SCHEMA else None
+
+
+def load_items(item: str, split: str) -> list[tuple[str, dict[str, Any], list[str], Path, str, Path, dict | None]]:
+    """The seeds one `[NAME=]PATH[#SYSTEM]` names: one report, or every seed of SYSTEM in a results file (what
+    a committed unit of an experiment keeps: its per-document scores per seed), each with the facts the file
+    recorded for it (None for a report, whose facts are read from its run)."""
+    spec, _, system = item.partition("#")
+    name, path = split_name(spec)
+    data = _results_file(path)
+    if data is None:
+        return [(*load_system(item, split), None)]
+    if data.get("split") != split:
+        raise UserError(f"hibert compare: {item!r}: a results file of the {data.get('split')!r} split, not {split!r}")
+    if system not in data.get("systems", {}):
+        raise UserError(f"hibert compare: {item!r}: name a system of the results file after '#' (it has "
+                        f"{', '.join(data.get('systems', {})) or 'none'})")
+    row = data["systems"][system]
+    per_doc, runs = row["per_document"], row.get("runs") or [{}] * row["seeds"]
+    metrics = [m for m in per_doc if m != "doc_ids"]
+    found = Path(path).resolve()
+    return [(name, {m: per_doc[m][i] for m in metrics}, per_doc["doc_ids"], found, f"{system}#{i}",
+             Path(run.get("run_dir") or found.parent), {**run, "row": run.get("row", system)})
+            for i, run in enumerate(runs)]
+
+
 def metrics_of(groups: dict[str, list[tuple[dict[str, Any], list[str]]]]) -> tuple[str, ...]:
     """ROUGE F1 for summaries, recall at each cut for unit rankings; one kind per comparison."""
     kinds = {tuple(HEADLINE) if all(m in scores for m in HEADLINE) else tuple(scores)
@@ -85,7 +123,10 @@ def group_seeds(items: list[str], split: str, sources: dict[str, list[dict[str, 
     """{system name: [(per-document scores, document ids) of each of its seeds]}, in the order first named.
     Reports pool as seeds only under one explicit NAME; unnamed ones get unique names. `sources`, when given,
     receives {system name: [{item, report, row, run_dir} of each seed]}: what a results file records."""
-    loaded = [load_system(item, split) for item in items]
+    expanded = [(item, got) for item in items for got in load_items(item, split)]
+    items = [item for item, _ in expanded]
+    pooled = [got[6] for _, got in expanded]
+    loaded = [got[:6] for _, got in expanded]
     seen: dict[tuple[Path, str], str] = {}
     for item, (_, _, _, found, system, _) in zip(items, loaded):
         if (found, system) in seen:   # one run counted twice would pass for two agreeing seeds
@@ -101,10 +142,13 @@ def group_seeds(items: list[str], split: str, sources: dict[str, list[dict[str, 
     for i, label in zip(unnamed, labels):
         names[i] = label
     groups: dict[str, list[tuple[dict[str, Any], list[str]]]] = {}
-    for item, name, (_, scores, ids, found, row, run_dir) in zip(items, names, loaded):
+    for item, name, (_, scores, ids, found, row, run_dir), facts in zip(items, names, loaded, pooled):
         groups.setdefault(name, []).append((scores, ids))
         if sources is not None:
-            sources.setdefault(name, []).append({"item": item, "report": found, "row": row, "run_dir": run_dir})
+            src = {"item": item, "report": found, "row": row, "run_dir": run_dir}
+            if facts is not None:   # a seed of a results file: its facts as that file recorded them
+                src.update(row=facts["row"], pooled=facts)
+            sources.setdefault(name, []).append(src)
     return groups
 
 

@@ -154,6 +154,12 @@ def model_commits(sources: dict[str, list[dict[str, Any]]]) -> None:
     """Add each seed's `model_commit`, `seed` and `run_facts` to `sources` (as `group_seeds` filled it)."""
     for runs in sources.values():
         for run in runs:
+            if "pooled" in run:   # a seed of a results file: what it recorded, its runs long gone perhaps
+                kept = run.pop("pooled")
+                run["model_commit"], run["seed"] = kept.get("model_commit", UNKNOWN), kept.get("seed")
+                run["facts"] = {k: v for k, v in kept.items()
+                                if k not in ("run_dir", "report", "row", "seed", "model_commit")}
+                continue
             run["model_commit"] = model_commit(Path(run["report"]), Path(run["run_dir"]))
             run["seed"] = run_seed(Path(run["run_dir"]))
             run["facts"] = run_facts(Path(run["report"]), Path(run["run_dir"]), run["row"])

@@ -173,3 +173,26 @@ def test_demo_runner_pairs_over_shared_documents_and_its_seed_ci_is_over_documen
     two = seed_summary([rep(["d1", "d2"], [10.0, 20.0], "enc"), rep(["d2", "d1"], [40.0, 30.0], "enc")])
     assert two["rouge1_f"]["mean"] == pytest.approx(25.0)
     assert (two["rouge1_f"]["low"], two["rouge1_f"]["high"]) == bootstrap_ci([20.0, 30.0])   # per-document means
+
+
+def test_results_files_pool_as_seeds_and_reproduce_their_paired_tests(tmp_path, capsys):
+    """An experiment's units each commit a results file; `NAME=FILE#SYSTEM` takes every seed of SYSTEM from one,
+    so the pooled comparison runs without the reports: on a committed file it gives back the file's own paired
+    test digit for digit, and the seeds keep the facts the file recorded."""
+    from conftest import REPO
+    from hibert.cli import main
+
+    src = REPO / "docs" / "results" / "pretrain-gain-cnndm.json"
+    want = json.loads(src.read_text())
+    out = tmp_path / "pooled.json"
+    assert main(["compare", f"random={src}#random", f"open-in={src}#open-in", "--results", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["paired"]["open-in-random"] == want["paired"]["open-in-random"]
+    assert got["systems"]["open-in"]["per_document"] == want["systems"]["open-in"]["per_document"]
+    runs = got["systems"]["open-in"]["runs"]
+    assert [r["run_dir"] for r in runs] == [r["run_dir"] for r in want["systems"]["open-in"]["runs"]]
+    assert runs[0]["encoder"] == want["systems"]["open-in"]["runs"][0]["encoder"]
+    capsys.readouterr()
+    assert main(["compare", f"x={src}#nope"]) == 1
+    assert "name a system of the results file" in capsys.readouterr().err
+    assert main(["compare", f"a={src}#random", f"b={src}#random"]) == 1     # one seed counted twice
