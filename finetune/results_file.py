@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import yaml
 
 from hibert.errors import UserError
+from hibert.runtime.tracking import code_revision
 
 SCHEMA = "hibert-results/1"
 UNKNOWN = "unknown"
@@ -187,22 +187,6 @@ def _by_commit(sources: dict[str, list[dict[str, Any]]]) -> dict[str, list[str]]
 def _rel(path: Path | str) -> str:
     """A path as the reader reruns it: relative to where the command ran."""
     return os.path.relpath(path)
-
-
-def code_revision() -> dict[str, Any]:
-    """The commit of the code writing the file and whether its tree was clean (`git status --porcelain`;
-    results files already under docs/results are outputs, not source changes)."""
-    def git(*argv: str) -> subprocess.CompletedProcess | None:
-        try:
-            return subprocess.run(["git", *argv], check=False, cwd=REPO, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.SubprocessError):
-            return None
-
-    head = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--", ".", ":(exclude)docs/results")
-    if head is None or head.returncode != 0 or status is None or status.returncode != 0:
-        return {"commit": UNKNOWN, "clean": None}
-    return {"commit": head.stdout.strip(), "clean": not status.stdout.strip()}
 
 
 def command_line(args: argparse.Namespace) -> str:

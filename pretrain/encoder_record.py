@@ -24,6 +24,7 @@ import yaml
 
 from hibert.data_prep.overlap import overlap_report, report_lines
 from hibert.errors import UserError
+from hibert.runtime.tracking import code_revision
 
 SCHEMA = "hibert-pretraining/1"
 _STEP = re.compile(r"step (\d+)/(\d+) train_loss=\S+ .*?tokens/s=([\d,]+)")
@@ -62,8 +63,12 @@ def stage_dataset(root: Path, stage: str) -> Path:
 
 
 def record(root: Path, stages: list[str], copy_to: Path, out: Path, held_out: Path | None = None) -> dict[str, Any]:
-    rec = {"schema": SCHEMA, "run_output_dir": str(root), "stages": [stage_record(root, s) for s in stages],
-           "encoder": str(copy_to)}
+    made = code_revision()
+    rec = {"schema": SCHEMA, "run_output_dir": str(root), "stages": {s: stage_record(root, s) for s in stages},
+           "encoder": str(copy_to),
+           "machine": {"commit": made["commit"], "tracked_changes": made["clean"] is False},
+           "command": "python -m hibert.pretrain.encoder_record " + " ".join(
+               [str(root), ",".join(stages), str(copy_to), str(out), *([str(held_out)] if held_out else [])])}
     if held_out is not None:
         rec["overlap"] = overlap_report([stage_dataset(root, s) for s in stages], held_out, ("valid", "test"))
         leaked = [r for r in rec["overlap"]["pretraining"] if r["shared"]]
@@ -90,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"encoder_record: {e}", file=sys.stderr)
         return 1
-    for s in rec["stages"]:
+    for s in rec["stages"].values():
         print(f"{s['stage']}: {s['steps']} steps, valid ppl {(s['final_metrics'] or {}).get('valid_ppl')}, "
               f"{s['tokens_per_s_median']} tokens/s, {s['minutes']} min")
     if "overlap" in rec:

@@ -531,3 +531,56 @@ def test_a_killed_launchers_config_folder_goes_and_a_live_ones_stays(tmp_path):
     removed = {p.name for p in remove_stale_launch_dirs(tmp_path)}
     assert removed == {f"launch-{dead.pid}-abc", "launch-xyz123"}
     assert [p.name for p in tmp_path.glob("launch-*")] == [f"launch-{os.getpid()}-live"]
+
+
+SYNC_CHILD = textwrap.dedent("""
+    import torch
+    from hibert.config import load_config
+    from hibert.runtime.engine import build_engine, init_distributed
+
+    cfg = load_config(None, ["deepspeed.zero_stage=ZERO", "schedule.warmup_steps=2"])
+    rt = init_distributed(cfg)
+    from deepspeed.accelerator import get_accelerator
+    acc = get_accelerator()
+    calls = {"sync": 0, "item": 0}
+    real_sync, real_item = acc.synchronize, torch.Tensor.item
+    def sync(*a, **k):
+        calls["sync"] += 1
+        return real_sync(*a, **k)
+    def item(self):
+        # torch's AdamW keeps its step counters on the host unless fused or capturable (as on CUDA): not a device read
+        if id(self) not in host_steps:
+            calls["item"] += 1
+        return real_item(self)
+    acc.synchronize = sync
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    engine = build_engine(cfg, model, rt)
+    x = torch.randn(4, 8)
+    per_step, host_steps = [], set()
+    for step in range(6):
+        opt = getattr(engine.optimizer, "optimizer", engine.optimizer)
+        host_steps = {id(st["step"]) for st in opt.state.values() if torch.is_tensor(st.get("step"))}
+        before = dict(calls)
+        torch.Tensor.item = item
+        loss = engine(x).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+        torch.Tensor.item = real_item
+        per_step.append((calls["sync"] - before["sync"], calls["item"] - before["item"]))
+    print("steps", per_step[2:])
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("zero", [1, 2])
+def test_a_steady_state_step_through_the_deepspeed_engine_never_syncs_the_device(tmp_path, zero):
+    """DeepSpeed's throughput timer synchronized the device at the start of every forward and the end of every
+    step, and ZeRO-1/2's overlap_comm at the end of every backward even on one rank: counted through the real
+    engine (its accelerator's synchronize and Tensor.item; the optimizer's host-side step counters aside), a
+    steady-state step has none."""
+    out = subprocess.run([sys.executable, "-c", SYNC_CHILD.replace("ZERO", str(zero))], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps = eval(out.stdout.strip().splitlines()[-1].removeprefix("steps "))
+    assert steps == [(0, 0)] * 4, steps

@@ -88,11 +88,13 @@ def init_distributed(cfg: Config) -> Runtime:
     return Runtime(env.rank, env.local_rank, env.world_size, device, precision, control)
 
 
-def deepspeed_config(cfg: Config, precision: str) -> dict[str, Any]:
+def deepspeed_config(cfg: Config, precision: str, world_size: int = 2) -> dict[str, Any]:
     ds = cfg.deepspeed
     zero: dict[str, Any] = {
         "stage": ds.zero_stage,
-        "overlap_comm": ds.overlap_comm,
+        # ZeRO-1/2's overlap synchronizes the device at the end of every backward; one rank has no gradient
+        # reduction to overlap, so it would pay that sync for nothing
+        "overlap_comm": ds.overlap_comm and world_size > 1,
         "contiguous_gradients": ds.contiguous_gradients,
         "reduce_bucket_size": ds.reduce_bucket_size,
     }
@@ -114,6 +116,9 @@ def deepspeed_config(cfg: Config, precision: str) -> dict[str, Any]:
         "zero_force_ds_cpu_optimizer": False,
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
+        # DeepSpeed's throughput timer synchronizes the device at the start of every forward and the end of every
+        # step (on by default); the runtime measures its own windows (hibert/runtime/metrics.py)
+        "timers": {"throughput": {"enabled": False}},
     }
     if precision == "bf16" and not ds.check_finite_grads:   # DeepSpeed's bf16 overflow check, per step
         out["bf16"]["check_grad_overflow"] = False
@@ -139,7 +144,7 @@ def build_engine(cfg: Config, model: torch.nn.Module, rt: Runtime, groups: list[
     DeepSpeed steps and checkpoints."""
     import deepspeed  # lazy: ~2.5 s (after init_distributed chose its accelerator)
 
-    ds_cfg = deepspeed_config(cfg, rt.precision)
+    ds_cfg = deepspeed_config(cfg, rt.precision, rt.world_size)
     groups = groups if groups is not None else decay_groups(model.named_parameters(), cfg.optimizer.weight_decay)
     groups = [g for g in groups if g.params]
     torch_groups = [{"params": g.params, "weight_decay": g.weight_decay, "lr": cfg.optimizer.lr * g.lr_scale,

@@ -37,6 +37,24 @@ def git_commit() -> str:
         return "unknown"
 
 
+def code_revision() -> dict[str, Any]:
+    """The commit of the code writing a results file and whether its tree was clean (`git status --porcelain`
+    at the repository root; files already under docs/results are outputs, not source changes)."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*argv: str) -> subprocess.CompletedProcess | None:
+        try:
+            return subprocess.run(["git", *argv], check=False, cwd=root, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    head = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--", ".", ":(exclude)docs/results")
+    if head is None or head.returncode != 0 or status is None or status.returncode != 0:
+        return {"commit": "unknown", "clean": None}
+    return {"commit": head.stdout.strip(), "clean": not status.stdout.strip()}
+
+
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in d.items():
