@@ -6,9 +6,14 @@ A generated table sits between two markers; everything between them is this scri
     ...
     <!-- /table -->
 
-Pages: README.md, docs/*.md and each folder's README.md. The first word names the results file (relative to the
-repository; several joined by "+" for a benchmark view that reads more than one), the second the view. The block's
-first line under the table says the commit and the command that made the numbers, as the file records them.
+Pages: README.md, docs/*.md, each folder's README.md and docs/results/README.md. The first word names the results
+file (relative to the repository; several joined by "+" for a benchmark view that reads more than one), the second
+the view. The block's first line under the table says what made the numbers, as the file records them. A `hibert
+compare --results` file says it once per page: its first table on the page carries the provenance line (the models'
+commit, the script docs/results/make_*.sh that names the file in its `--results`, else the file's full command; the
+date, the code's commit and tree), every later table of the same file on that page says "Same results file as
+above". Each file's full command is listed by the `provenance` view (docs/results/README.md). A results file's
+generated prose is wrapped at 120 characters.
 
     python docs/tables.py            rewrite every block in place
     python docs/tables.py --check    exit 1 with a diff when a block differs from what this script renders
@@ -22,6 +27,8 @@ Views of `hibert compare --results` files (schema hibert-results/1, docs/results
                 words, over seeds
   pretraining   the encoders the systems were finetuned from, each once: stage, init, steps, the pretraining
                 objective's validation perplexity at the last step, the commit
+  provenance    no table: per results file (its source may be a glob, `docs/results/*.json`, which reads every
+                hibert-results/1 file there), the provenance line and the full `hibert compare` command
 Views of benchmark JSON (benchmarks/results/*.json): the names in BENCH_VIEWS, each a list of rows (a path into
 the file) and columns (a key under the row and its format), rendered by one generic renderer. A path is dotted
 keys, list positions or `key=value&key=value` (the list's element whose fields are those); a row or a column given
@@ -34,8 +41,10 @@ import ast
 import difflib
 import json
 import re
+import shlex
 import statistics
 import sys
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +54,8 @@ from hibert.finetune.evaluation.rouge import format_p, verdict
 from hibert.finetune.results_file import SCHEMA
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = ("README.md", "docs/*.md", "*/README.md")   # the folders' READMEs quote benchmarks too
+PAGES = ("README.md", "docs/*.md", "*/README.md",   # the folders' READMEs quote benchmarks too
+         "docs/*/README.md")                          # docs/results/README.md lists each results file's command
 BLOCK = re.compile(r"(?P<open><!-- table: (?P<source>\S+) (?P<view>\S+) -->\n)(?P<body>.*?)(?P<close><!-- /table -->)",
                    re.DOTALL)
 METRIC_NAMES = {"rouge1_f": "R1", "rouge2_f": "R2", "rougeL_f": "RL", "rougeLsum_f": "RLsum"}
@@ -77,16 +87,83 @@ def table(head: list[str], rows: list[list[str]]) -> list[str]:
 
 # ------------------------------------------------------------------ hibert compare --results files
 
-def made_line(results: dict[str, Any], source: str) -> str:
-    """Which commit's models and which command made the numbers; when, and from which code and tree."""
+WIDTH = 120   # generated prose (provenance lines, notes) is wrapped to this many characters
+MAKE_SCRIPTS = "docs/results/make_*.sh"
+RESULTS_ARG = re.compile(r"""--results\s+(["']?)(?P<path>[^\s"']+)\1""")
+SHELL_VAR = re.compile(r"\$\{?\w+\}?")
+
+
+def make_script(root: Path, source: str) -> str | None:
+    """The script of docs/results/ whose `hibert compare ... --results PATH` writes `source`: PATH's file name,
+    its shell variables (`$set`, `${LABELS}`) read as any text; where several match, the one whose name has the
+    most literal characters (`cnndm40k-$LABELS-$NAME.json` before `cnndm40k-$LABELS.json`)."""
+    name = Path(source).name
+    best: tuple[int, str] | None = None
+    for script in sorted(root.glob(MAKE_SCRIPTS)):
+        try:
+            text = script.read_text(encoding="utf-8")
+        except OSError:
+            continue
+        for m in RESULTS_ARG.finditer(text):
+            pattern = Path(m["path"]).name
+            parts = SHELL_VAR.split(pattern)
+            if re.fullmatch("[^/]+".join(map(re.escape, parts)), name):
+                literal = sum(map(len, parts))
+                if best is None or literal > best[0]:
+                    best = (literal, str(script.relative_to(root)))
+    return best[1] if best else None
+
+
+def made_line(results: dict[str, Any], source: str, script: str | None = None, listed: bool = True) -> str:
+    """Which commit's models and what made the numbers (the make script, else the file's command); when, and
+    from which code and tree. `listed`: say where the full command is (not in the listing itself)."""
     made = results["made"]
     commit = results.get("model_commit")
     models = (f"commit {short(commit)}" if commit else
               "several commits (" + ", ".join(short(c) for c in results["model_commits"]) + ")")
     tree = {True: "a clean tree", False: "uncommitted changes", None: "its tree unknown"}[made.get("clean")]
+    if script:
+        where = ", which records the full `hibert compare` command, listed in docs/results/README.md" if listed else ""
+        return (f"Made at {models} by `bash {script}` ({made['date']}; the code at {short(made['commit'])}, {tree}; "
+                f"{source}{where}).")
     where = f" in `{made['cwd']}`" if made.get("cwd") not in (None, ".") else ""
     return (f"Made at {models} by `{made['command']}`{where} ({made['date']}; the code at {short(made['commit'])}, "
             f"{tree}; {source}).")
+
+
+def same_file_line(source: str) -> str:
+    """Under a later table of a results file whose provenance line a table above on the page carries."""
+    return f"Same results file as above ({source})."
+
+
+def wrap(text: str) -> list[str]:
+    """A paragraph of generated prose in lines of at most WIDTH characters (a longer word stays whole)."""
+    return textwrap.wrap(text, WIDTH, break_long_words=False, break_on_hyphens=False)
+
+
+def shell_lines(command: str, width: int = 100) -> list[str]:
+    """A recorded command as shell lines of about `width` characters, continued with a backslash; the command
+    as recorded, on one line, where its words do not split and rejoin to it."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return [command]
+    if " ".join(shlex.quote(w) for w in words) != command:
+        return [command]
+    units: list[str] = []   # an option and its value stay on one line
+    for word in map(shlex.quote, words):
+        if units and units[-1].startswith("--") and " " not in units[-1] and not word.startswith("-"):
+            units[-1] += " " + word
+        else:
+            units.append(word)
+    lines, line = [], ""
+    for word in units:
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line + " \\")
+            line = "    " + word
+        else:
+            line = f"{line} {word}" if line else word
+    return [*lines, line]
 
 
 def seed_list(system: dict[str, Any]) -> str:
@@ -524,6 +601,15 @@ BENCH_VIEWS: dict[str, BenchView] = {
         columns=(("Python", "python", str), ("wheels", "wheels", str), ("MiB", "wheels_mib", fixed(1)),
                  ("with the working tree", "carried_mib", fixed(1, " MiB")),
                  ("a device tool copies", "limit_mib", lambda v: f"{v} MiB"))),
+    # docs/results/cnndm40k-pretrain-open-in-p<P>.json (pretrain/encoder_record.py): one pretraining unit's stages
+    "pretraining-unit": BenchView(
+        corner="stage",
+        rows=(("open-domain (Reuters + Brown + Multi-News train)", 0, "stages.pretrain-open"),
+              ("in-domain (CNN/DM 40k train), from it", 0, "stages.pretrain-in")),
+        columns=(("steps", "steps", str), ("ppl (valid, last step)", "final_metrics.valid_ppl", fixed(1)),
+                 ("tokens/s (median of the log windows)", "tokens_per_s_median", lambda v: f"{v:,.0f}"),
+                 ("minutes", "minutes", fixed(1)),
+                 ("val/test articles in its data", "overlap_shared", str))),
     "bare-steps": BenchView(
         corner="dry run: a torch-only virtualenv, --wheels",
         rows=tuple((step, 0, f"steps.step={step}") for step in
@@ -592,29 +678,61 @@ def load(root: Path, name: str) -> dict[str, Any]:
         raise TableError(f"{name}: not JSON ({e})") from None
 
 
-def render_block(root: Path, source: str, view: str) -> str:
-    """What goes between the markers: the table, a blank line, the line saying what made it (then any notes)."""
+def provenance(root: Path, source: str) -> str:
+    """The `provenance` view: for each results file `source` names (a glob reads every hibert-results/1 file it
+    matches, in name order), its provenance line and, in a code block, the full command its `made` records."""
+    names = ([str(p.relative_to(root)) for p in sorted(root.glob(source))] if any(c in source for c in "*?[")
+             else source.split("+"))
+    out: list[str] = []
+    for name in names:
+        results = load(root, name)
+        if results.get("schema") != SCHEMA:
+            if "+" in source or not any(c in source for c in "*?["):
+                raise TableError(f"{name}: view 'provenance' reads {SCHEMA} files (`hibert compare --results`)")
+            continue   # a glob passes over the directory's other files (a pretraining record)
+        try:
+            line = made_line(results, name, make_script(root, name), listed=False)
+            command = results["made"]["command"]
+        except (KeyError, IndexError, TypeError) as e:
+            raise TableError(f"{name}: view 'provenance' finds no {e} in it") from None
+        out += [*wrap(line), "", "```", *shell_lines(command), "```", ""]
+    if not out:
+        raise TableError(f"{source}: no {SCHEMA} file there")
+    return "\n".join(out)
+
+
+def render_block(root: Path, source: str, view: str, seen: set[str] | None = None) -> str:
+    """What goes between the markers: the table, a blank line, the line saying what made it (then any notes).
+    `seen`: the results files whose provenance line a block above on the same page carries (updated here)."""
+    if view == "provenance":
+        return provenance(root, source)
     files = [load(root, name) for name in source.split("+")]
     if view in RESULT_VIEWS:
         if len(files) != 1 or files[0].get("schema") != SCHEMA:
             raise TableError(f"{source}: view {view!r} reads one {SCHEMA} file (`hibert compare --results`)")
         try:
             body, notes = RESULT_VIEWS[view](files[0])
-            made = made_line(files[0], source)
+            made = (same_file_line(source) if seen is not None and source in seen
+                    else made_line(files[0], source, make_script(root, source)))
         except (KeyError, IndexError, TypeError) as e:   # a file missing what the view reads: one line, as below
             raise TableError(f"{source}: view {view!r} finds no {e} in it") from None
-        return "\n".join([*body, "", made, *notes]) + "\n"
+        if seen is not None:
+            seen.add(source)
+        return "\n".join([*body, "", *wrap(made), *(line for note in notes for line in wrap(note))]) + "\n"
     if view in BENCH_VIEWS:
         try:
             body = BENCH_VIEWS[view].render(files)
         except (KeyError, IndexError, TypeError) as e:
             raise TableError(f"{source}: view {view!r} finds no {e} there") from None
         return "\n".join([*body, "", bench_made_line(BENCH_VIEWS[view], files, source)]) + "\n"
-    raise TableError(f"{source}: no view {view!r} (views: {', '.join([*RESULT_VIEWS, *BENCH_VIEWS])})")
+    views = ", ".join([*RESULT_VIEWS, "provenance", *BENCH_VIEWS])
+    raise TableError(f"{source}: no view {view!r} (views: {views})")
 
 
 def render_page(text: str, root: Path) -> str:
-    return BLOCK.sub(lambda m: m["open"] + render_block(root, m["source"], m["view"]) + m["close"], text)
+    """Every block of the page, in order: a results file's provenance line under its first table only."""
+    seen: set[str] = set()
+    return BLOCK.sub(lambda m: m["open"] + render_block(root, m["source"], m["view"], seen) + m["close"], text)
 
 
 def pages(root: Path) -> list[Path]:

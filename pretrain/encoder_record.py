@@ -71,6 +71,8 @@ def record(root: Path, stages: list[str], copy_to: Path, out: Path, held_out: Pa
                [str(root), ",".join(stages), str(copy_to), str(out), *([str(held_out)] if held_out else [])])}
     if held_out is not None:
         rec["overlap"] = overlap_report([stage_dataset(root, s) for s in stages], held_out, ("valid", "test"))
+        for stage, row in zip(stages, rec["overlap"]["pretraining"]):
+            rec["stages"][stage]["overlap_shared"] = row["shared"]
         leaked = [r for r in rec["overlap"]["pretraining"] if r["shared"]]
         if leaked:
             raise UserError(f"pretraining data holds held-out documents of {held_out}: {leaked}")

@@ -115,13 +115,59 @@ def test_compare_writes_a_results_file_the_tables_render(tmp_path, monkeypatch, 
     assert "| system | seeds | ppl (valid, last step) | words |" in text
     assert "| P | 1/2 | 515 ± 7 (510 / 520) | 10.50 ± 0.71 (10.00 / 11.00) |" in text
     assert "| lead | 1 |  | 80.00 |" in text
-    made = [line for line in text.splitlines() if line.startswith("Made at")]
-    assert len(made) == 3 and made[0].startswith(f"Made at commit {C1[:7]} by `hibert compare R=runs/r-seed1 ")
-    assert made[0].endswith("; docs/results/toy.json).")
-    # the block's first line under the table is the one saying what made it
+    # one provenance line per results file on a page, under its first table; the later tables say so. Without a
+    # docs/results/make_*.sh naming the file, the line gives the file's own command, whole
     lines = text.splitlines()
-    last_row = max(i for i, line in enumerate(lines) if line.startswith("| lead |"))
-    assert lines[last_row + 1] == "" and lines[last_row + 2] == made[0]
+    made = [i for i, line in enumerate(lines) if line.startswith("Made at")]
+    same = [i for i, line in enumerate(lines) if line == "Same results file as above (docs/results/toy.json)."]
+    assert len(made) == 1 and len(same) == 2 and made[0] < same[0]
+    end = next(i for i in range(made[0], len(lines)) if lines[i].endswith("; docs/results/toy.json)."))
+    provenance = " ".join(lines[made[0]:end + 1])
+    assert provenance.startswith(f"Made at commit {C1[:7]} by `{res['made']['command']}`")
+    assert f" ({res['made']['date']}; the code at " in provenance
+    # the block's first line under each table is the one saying what made it (or that a table above says it)
+    under = [i + 2 for i, line in enumerate(lines) if line.startswith("|") and not lines[i + 1].startswith("|")]
+    assert [i for i in under if lines[i - 1] == ""] == [*made, *same]
+    # generated prose is wrapped at 120 characters; only the tables' rows are longer
+    assert all(len(line) <= 120 for line in lines if not line.startswith("|"))
+
+
+def test_a_results_file_names_its_make_script_once_per_page_and_lists_its_command(tmp_path, monkeypatch):
+    """The provenance line names the docs/results/make_*.sh whose `--results` writes the file (shell variables
+    read as any text; the most literal name wins), on the first table of the file on each page; the
+    `provenance` view lists every hibert-results/1 file of a glob with its full command, other JSON passed over."""
+    monkeypatch.chdir(tmp_path)
+    results = tmp_path / "docs" / "results"
+    results.mkdir(parents=True)
+    assert hibert(["compare", *_two_systems(tmp_path), "--bootstrap", "50", "--results",
+                   "docs/results/toy-test.json"]) == 0
+    command = json.loads((results / "toy-test.json").read_text())["made"]["command"]
+    (results / "make_toy.sh").write_text('R=docs/results\nfor set in test valid; do\n  hibert compare a=x \\\n'
+                                         '    --split "$set" --results "$R/toy-$set.json"\ndone\n')
+    (results / "make_toy_arms.sh").write_text("hibert compare a=x --results docs/results/toy-${SET}-$ARM.json\n")
+    (results / "record.json").write_text(json.dumps({"schema": "a pretraining record", "steps": 3}))
+    tables = _tables()
+    assert tables.make_script(tmp_path, "docs/results/toy-test.json") == "docs/results/make_toy.sh"
+    assert tables.make_script(tmp_path, "docs/results/toy-full-random.json") == "docs/results/make_toy_arms.sh"
+    assert tables.make_script(tmp_path, "docs/results/other.json") is None
+    block = "<!-- table: docs/results/toy-test.json {} -->\n<!-- /table -->\n"
+    (tmp_path / "README.md").write_text(block.format("rouge-seeds") + "text\n" + block.format("paired"))
+    (tmp_path / "docs" / "other.md").write_text(block.format("paired"))
+    (results / "README.md").write_text("<!-- table: docs/results/*.json provenance -->\n<!-- /table -->\n")
+    assert tables.main([], root=tmp_path) == 0 and tables.main(["--check"], root=tmp_path) == 0
+    first = (f"Made at commit {C1[:7]} by `bash docs/results/make_toy.sh` (")
+    readme, other = (tmp_path / "README.md").read_text(), (tmp_path / "docs" / "other.md").read_text()
+    assert readme.count(first) == 1 and other.count(first) == 1     # once per page
+    assert readme.count("Same results file as above (docs/results/toy-test.json).") == 1
+    assert readme.index(first) < readme.index("Same results file as above") and command not in readme
+    listing = (results / "README.md").read_text()
+    assert listing.count(first) == 1 and "record.json" not in listing and "listed in" not in listing
+    code = listing.split("```\n")[1].splitlines()
+    assert all(len(line) <= 102 for line in code)
+    assert " ".join(line.removesuffix(" \\").strip() for line in code) == command   # the command, whole
+    (results / "README.md").write_text("<!-- table: docs/results/record.json provenance -->\n<!-- /table -->\n")
+    with pytest.raises(tables.TableError, match="reads hibert-results/1 files"):
+        tables.render_page((results / "README.md").read_text(), tmp_path)
 
 
 def test_reports_of_models_made_at_different_commits_are_refused_unless_allowed(tmp_path, monkeypatch, capsys):
