@@ -44,6 +44,9 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
                "(prep -> merge -> pretrain -> finetune -> evaluate) to Slurm.", True),
     "demo": ("hibert.slurm.local:run", "Run a recipe's staged pipeline locally (default: the demo on the shipped sample: "
              "prep -> pretraining -> finetuning -> evaluation -> summaries) and show the results.", False),
+    "export-hf": ("hibert.hf_export.cli:run", "Write an encoder export (or a models:/ reference) as a Hugging Face "
+                  "folder: config.json, model.safetensors, remote code, tokenizer and model card "
+                  "(AutoModel.from_pretrained(..., trust_remote_code=True)).", False),
     "registry": ("hibert.registry_cli:run", "List or show the models registered in the MLflow model registry "
                  "(encoders and finetuned heads), or send what a tracking outage left in a run's outbox.", False),
 }
