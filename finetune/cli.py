@@ -170,26 +170,25 @@ def run_evaluate(cfg: Config, args: argparse.Namespace) -> int:
         print(f"hibert evaluate: --out {out} is a file; name a directory (the report is several files)",
               file=sys.stderr)
         return 2
-    # one evaluation owns a report directory at a time, through the MLflow logging: a second one (another --k,
-    # say) would otherwise overwrite the files the first then logs as its artifacts
+    return _evaluate(cfg, args, settings, out)
+
+
+def _report_lock(out: Path) -> FileLock | str:
+    """One evaluation owns a report directory at a time, through the MLflow logging: a second one (another --k,
+    say) would otherwise overwrite the files the first then logs as its artifacts. The held lock, or why not."""
     lock = FileLock(str(out.parent / f".{out.name}.lock"))
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         lock.acquire(timeout=0)
     except Timeout:
-        print(f"hibert evaluate: another hibert evaluate is writing {out} (it holds {lock.lock_file}); wait for it "
-              "to finish, or pass --out to report elsewhere", file=sys.stderr)
-        return 2
+        return (f"hibert evaluate: another hibert evaluate is writing {out} (it holds {lock.lock_file}); wait for it "
+                "to finish, or pass --out to report elsewhere")
     except OSError as e:
-        print(f"hibert evaluate: cannot write the report directory {out}: {e}", file=sys.stderr)
-        return 2
-    try:
-        return _evaluate(cfg, args, settings)
-    finally:
-        lock.release()
+        return f"hibert evaluate: cannot write the report directory {out}: {e}"
+    return lock
 
 
-def _evaluate(cfg: Config, args: argparse.Namespace, settings: EvalSettings) -> int:
+def _evaluate(cfg: Config, args: argparse.Namespace, settings: EvalSettings, out: Path) -> int:
     uri = tracking_uri(cfg.tracking.uri, cfg.run.output_dir, create=False)
     ref = _model_ref(cfg, args.model)
     try:  # the report is logged to that store at the end: a copied store must not write into the original
@@ -212,6 +211,17 @@ def _evaluate(cfg: Config, args: argparse.Namespace, settings: EvalSettings) -> 
         print(f"hibert evaluate: cannot load model {ref!r}: {e}", file=sys.stderr)
         return 2
     _fluency(head, local, "evaluate")
+    lock = _report_lock(out)   # after every check (nothing written for a refused run), before any scoring
+    if isinstance(lock, str):
+        print(lock, file=sys.stderr)
+        return 2
+    try:
+        return _score_and_log(cfg, settings, head, local, ref, resolved, uri)
+    finally:
+        lock.release()
+
+
+def _score_and_log(cfg: Config, settings: EvalSettings, head, local: Path, ref: str, resolved, uri: str) -> int:
     try:
         clusters = DocumentDataset(cfg.data.dataset_dir, settings.split).is_clusters
         outcome = head.evaluate(cfg, settings, local, ref, clusters, resolved)
