@@ -99,6 +99,10 @@ def _request_timeout() -> float:
 
 class HibertPyfunc:
     """One loaded export; `predict` never changes its state (a server may call it from several threads)."""
+    # the server's bounds (model_config overrides them in __init__)
+    max_batch_size: int = SERVING_MAX_BATCH
+    max_rows: int = SERVING_MAX_ROWS
+    timeout_s: float = 60.0
 
     def __init__(self, export_dir: str | Path, stanza_dir: str | None = None, device: str | None = None,
                  max_batch_size: int | None = None, max_rows: int | None = None):
