@@ -48,11 +48,12 @@ def test_submit_runs_the_demo_chain_to_the_end(slurm_cluster, tmp_path):
 
 def dataset_files(root: Path) -> dict[str, bytes]:
     """Every file of a prepared dataset, bytes; the manifest without when and how long (`created`, the
-    seconds), the shard markers (timings) and the stat caches left out."""
+    seconds), the shard markers (timings), the stat caches and the writers' locks (a Slurm array task holds one per
+    shard, a local prep one for the whole output) left out."""
     out = {}
     for p in sorted(root.rglob("*")):
         rel = str(p.relative_to(root))
-        if p.is_file() and p.name != ".verified.json" and not rel.startswith("shards/") and p.name != "tokenizer.lock":
+        if p.is_file() and p.name != ".verified.json" and not rel.startswith("shards/") and p.suffix != ".lock":
             out[rel] = p.read_bytes()
     manifest = json.loads(out.pop("manifest.json"))
     for key in ("created", "merge_seconds", "shard_seconds"):
