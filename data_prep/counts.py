@@ -22,6 +22,7 @@ class Counts:
         self.docs_in = [0] * num_sources
         self.kept = [0] * num_sources
         self.skipped = [Counter() for _ in range(num_sources)]
+        self.not_relevant = [0] * num_sources   # documents a source's relevant_field dropped from its clusters
         self.stats: Counter = Counter()
         self.splits = {s: Counter() for s in ("train", "valid", "test")}
         self.examples: dict[str, list[dict[str, Any]]] = {}
@@ -42,7 +43,8 @@ class Counts:
             **{k: self.stats[k] for k in STAT_KEYS},
             "splits": {s: dict(c) for s, c in self.splits.items()},
             "sources": [{"name": n, "docs_in": self.docs_in[i], "kept": self.kept[i],
-                         "skipped": dict(sorted(self.skipped[i].items()))} for i, n in enumerate(names)],
+                         "skipped": dict(sorted(self.skipped[i].items())),
+                         "documents_not_relevant": self.not_relevant[i]} for i, n in enumerate(names)],
             "skip_examples": self.examples,
         }
 
@@ -61,11 +63,13 @@ def add_up(parts: list[dict[str, Any]]) -> dict[str, Any]:
         for s, c in p["splits"].items():
             out["splits"][s].update(c)
         if out["sources"] is None:
-            out["sources"] = [{"name": s["name"], "docs_in": 0, "kept": 0, "skipped": Counter()} for s in p["sources"]]
+            out["sources"] = [{"name": s["name"], "docs_in": 0, "kept": 0, "skipped": Counter(),
+                               "documents_not_relevant": 0} for s in p["sources"]]
         for acc, s in zip(out["sources"], p["sources"]):
             acc["docs_in"] += s["docs_in"]
             acc["kept"] += s["kept"]
             acc["skipped"].update(s["skipped"])
+            acc["documents_not_relevant"] += s.get("documents_not_relevant", 0)   # absent in older shards
         for reason, ex in p["skip_examples"].items():
             room = EXAMPLES_PER_REASON - len(out["skip_examples"].setdefault(reason, []))
             out["skip_examples"][reason] += ex[:max(room, 0)]

@@ -262,8 +262,12 @@ def build_manifest(cfg: DataConfig, plan: dict[str, Any], done: list[dict], coun
             **{k: getattr(src_cfg, k) for k in ("max_records", "sample_fraction") if getattr(src_cfg, k) is not None},
             **({"sample_seed": src_cfg.sample_seed} if src_cfg.sample_fraction is not None else {}),
             **({"split_documents": True} if src_cfg.split_documents else {}),
+            # the relevant filter: the documents it dropped from this source's clusters (skipped clusters too)
+            **({"relevant_field": src_cfg.relevant_field, "documents_not_relevant": c.get("documents_not_relevant", 0)}
+               if src_cfg.relevant_field else {}),
             **({"synthetic": src_cfg.synthetic} if src_cfg.is_cluster else {})})
     totals = {k: v for k, v in counts.items() if k not in ("sources", "splits", "skip_examples")}
+    filtered = [src for src in sources if "relevant_field" in src]
     if totals["docs_in"] != totals["kept"] + sum(totals["skipped"].values()):
         raise RuntimeError(f"documents unaccounted for: {totals}")
     synthetic = any(c.synthetic for c in cfg.sources) or totals.get("synthetic_clusters", 0) > 0
@@ -276,6 +280,10 @@ def build_manifest(cfg: DataConfig, plan: dict[str, Any], done: list[dict], coun
                          "units": "paragraphs of each document; a longer paragraph is cut into windows of "
                                   f"<= {cfg.max_unit_sentences} sentences",
                          "max_unit_sentences": cfg.max_unit_sentences, "max_cluster_units": cfg.max_cluster_units,
+                         **({"documents_not_relevant": sum(src["documents_not_relevant"] for src in filtered),
+                             "relevant_filter": "each cluster keeps the documents its source's relevant_field "
+                                                "lists; the others are dropped (counted per source)"}
+                            if filtered else {}),
                          "unit_scores": "ROUGE-2 recall of the unit against the summary (rouge-score, Porter "
                                         "stemmer): the ranker's labels",
                          "note": ("SYNTHETIC clusters: built by the project, not real multi-document topics"

@@ -31,7 +31,8 @@ class PlanMismatch(RuntimeError):
 
 # source settings added after plans were first written: left out of the digest while at their defaults, so a
 # plan made before they existed still matches
-_LATER_SOURCE_KEYS = {"split_documents": False, "max_records": None, "sample_fraction": None, "sample_seed": 0}
+_LATER_SOURCE_KEYS = {"split_documents": False, "max_records": None, "sample_fraction": None, "sample_seed": 0,
+                      "relevant_field": None}
 
 
 def _source_settings(source: SourceConfig) -> dict[str, Any]:

@@ -172,6 +172,7 @@ class ShardProcessor:
             records = readers.read(source, self.names[si], unit, cfg.max_doc_chars, part, parts)
             for k, rec in enumerate(records):
                 counts.docs_in[si] += 1
+                counts.not_relevant[si] += rec.not_relevant
                 pending_docs += 1
                 if isinstance(rec, R.Skip):
                     counts.skip(si, rec)

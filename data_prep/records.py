@@ -16,6 +16,8 @@ NON_STORY = "non_story"
 NO_SENTENCES = "no_sentences"      # nothing left after segmentation / empty-sentence removal
 DUPLICATE = "duplicate"
 NOT_SAMPLED = "not_sampled"        # outside the source's sample_fraction (a subset asked for, not a fault)
+MALFORMED_RELEVANT = "malformed_relevant"    # the source's relevant_field is not a list of document indices
+NO_RELEVANT = "no_relevant_documents"        # relevant_field lists none of the cluster's documents
 
 
 @dataclass
@@ -31,6 +33,7 @@ class RawDoc:
     paragraph_doc: list[int] | None = None
     title: str | None = None
     synthetic: bool = False        # the record says it is a synthetic cluster
+    not_relevant: int = 0          # clusters: documents the source's relevant_field dropped from this record
 
 
 @dataclass
@@ -39,6 +42,7 @@ class Skip:
     file: str
     line: int
     detail: str = ""
+    not_relevant: int = 0          # as RawDoc's: the record was skipped after its filter dropped these
 
 
 _PARA_RE = re.compile(r"\n[ \t\r\f\v]*\n")

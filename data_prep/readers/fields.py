@@ -112,16 +112,47 @@ def record_from_fields(obj: Mapping[str, Any], source: SourceConfig, name: str, 
     return R.RawDoc(f"{name}:{doc_id}", paragraphs, summary, file, line)
 
 
+def relevant_documents(obj: Mapping[str, Any], source: SourceConfig, docs: list[Any], file: str,
+                       line: int) -> list[Any] | R.Skip:
+    """The documents that the record's `relevant_field` keeps — a list of distinct 0-based indices into its
+    documents — in document order; a list that is anything else is a counted skip."""
+    field, value, n = source.relevant_field, obj.get(source.relevant_field), len(docs)
+    if not isinstance(value, list):
+        return R.Skip(R.MALFORMED_RELEVANT, file, line, f"{field!r} is {type(value).__name__}, not a list of "
+                      "document indices")
+    bad = [v for v in value if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < n]
+    if bad:
+        return R.Skip(R.MALFORMED_RELEVANT, file, line, f"{field!r} holds {bad[0]!r}: not an index of the "
+                      f"record's {n} documents")
+    if len(set(value)) != len(value):
+        return R.Skip(R.MALFORMED_RELEVANT, file, line, f"{field!r} lists a document twice: {value}")
+    keep = set(value)
+    return [d for k, d in enumerate(docs) if k in keep]
+
+
 def _cluster_from_fields(obj: Mapping[str, Any], source: SourceConfig, name: str, default_id: str,
                          file: str, line: int, max_chars: int) -> R.RawDoc | R.Skip:
-    """A cluster record: `documents_field` holds its documents; summary, id and title as for documents."""
+    """A cluster record: `documents_field` holds its documents (with `relevant_field`, only the ones it lists);
+    summary, id and title as for documents."""
     docs = obj.get(source.documents_field)
     if not isinstance(docs, list):
         return R.Skip(R.MISSING_FIELD, file, line, f"no list {source.documents_field!r}")
+    dropped = 0
+    if source.relevant_field:
+        kept = relevant_documents(obj, source, docs, file, line)
+        if isinstance(kept, R.Skip):
+            return kept
+        dropped = len(docs) - len(kept)
+        if not kept:
+            return R.Skip(R.NO_RELEVANT, file, line, f"{source.relevant_field!r} is empty", not_relevant=dropped)
+        docs = kept
     got = cluster_paragraphs(docs)
     if got is None:
-        return R.Skip(R.MISSING_FIELD, file, line, f"{source.documents_field!r} holds something other than text")
-    return cluster_record(*got, obj, source, name, default_id, file, line, max_chars)
+        return R.Skip(R.MISSING_FIELD, file, line, f"{source.documents_field!r} holds something other than text",
+                      not_relevant=dropped)
+    rec = cluster_record(*got, obj, source, name, default_id, file, line, max_chars)
+    rec.not_relevant = dropped   # counted whatever becomes of the cluster: the filter's own tally
+    return rec
 
 
 def cluster_record(paragraphs: list[str], owner: list[int], obj: Mapping[str, Any], source: SourceConfig,

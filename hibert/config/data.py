@@ -29,6 +29,10 @@ class SourceConfig(Section):
     # with documents_field: each of a record's documents is a document of its own (the cluster is not kept;
     # ids <record id>/<k>): a multi-document corpus's sources as single documents, e.g. for pretraining
     split_documents: bool = False
+    # with documents_field: the record's list of 0-based indices of the documents to keep (Multi-News+'s
+    # `relevant`); the others are dropped and counted per source (manifest: documents_not_relevant). A record
+    # whose list is malformed is a counted skip (malformed_relevant); one that keeps none, no_relevant_documents
+    relevant_field: str | None = None
     synthetic: bool = False                # clusters built by the project, not real topics: reports say so
     # A subset of the source (jsonl / hf), recorded in the manifest with the source's settings:
     # the first N records of each input file (records past it are not read), and/or a deterministic fraction
@@ -45,6 +49,10 @@ class SourceConfig(Section):
             raise ValueError(f"{', '.join(subset)}: jsonl and hf sources only, not {self.format!r}")
         if self.split_documents and not self.documents_field:
             raise ValueError("split_documents needs documents_field (the list of documents to split)")
+        if self.relevant_field and (self.format not in ("jsonl", "hf") or not self.documents_field
+                                    or self.split_documents):
+            raise ValueError("relevant_field filters the documents of a cluster record: jsonl and hf sources with "
+                             "documents_field (without split_documents) only")
         return self
 
     @property
