@@ -55,6 +55,7 @@ result = {"machine": {**machine(), "command": sys.argv[5].strip()},
                      "local": json.loads((tmp / "whl-local" / "bundle.json").read_text())},
           "interpreter": {"python": local_py, "torch": sys.argv[6], "packages": "torch only (a virtualenv)"},
           "setup": {"wheels_installed": (setup.get("wheels") or {}).get("count"),
+                    "wheels_installer": (setup.get("wheels") or {}).get("installer"),   # pip, or unpacked
                     "hibert_installed": setup.get("hibert_installed"), "missing": setup.get("missing"),
                     "hibert_from_link_tree": "package/hibert" in str(setup.get("hibert_from"))},
           "total_s": summary["total_s"], "ok": summary["ok"],

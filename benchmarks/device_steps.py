@@ -16,6 +16,7 @@ import os
 import re
 import runpy
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -28,7 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from device_mfu import logged_lines, peak_tflops, read_record, steady_windows
 from device_suite import HERE, REPO, Context, Report, machine_block
+from device_suite import STEPS as SUITE_STEPS
+from timed_run import dynamo_counts, tf32_possible
 from safetensors.torch import load_file
 from torch.profiler import ProfilerActivity
 from torch.profiler import profile as torch_profile
@@ -40,6 +44,7 @@ from hibert.data_prep.tokenizer import vocab_size
 from hibert.pretrain.masked_sentence import MaskedSentenceTask
 from hibert.registry import client
 from hibert.runtime.batching import doc_costs, plan_epoch
+from hibert.runtime.metrics import default_peak_tflops
 from hibert.runtime.run import prepare_run
 from hibert.runtime.trainer import Trainer
 
@@ -49,12 +54,23 @@ HOST_SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchr
 
 # Step 4's tolerances.
 # fp32 on the GPU against the CPU curve, at every logged step: with dropout off, the same data, masks and initial
-# weights (checked by fingerprint first), the runs differ only in the order of floating-point sums (other kernels;
-# TF32 is off for fp32 matmuls by torch's default): ~1e-6 relative per operation. Adam turns such noise on
-# near-zero gradients into lr-sized steps of a few weights (the key bias, whose true gradient is 0), which moves
-# the loss by ~1e-4..1e-3 relative over 20 steps. A real defect (a wrong mask or offset in the varlen kernel,
-# packing, a silent bf16/TF32 path) moves it by more than 1% within a few steps.
+# weights (checked by fingerprint first), the runs differ only in the order of floating-point sums (other kernels):
+# ~1e-6 relative per operation. Adam turns such noise on near-zero gradients into lr-sized steps of a few weights
+# (the key bias, whose true gradient is 0), which moves the loss by ~1e-4..1e-3 relative over 20 steps. What the
+# tolerance catches and what it cannot (FP32_COMPARISON): reduced precision moves the curve by less than it, so the
+# step pins fp32 matmuls to IEEE fp32 in its runs and records the state they ran with.
 FP32_CURVE_RTOL = 0.005
+FP32_COMPARISON = {
+    "catches": "a defect that moves the fp32 loss by more than 0.5% at any step against the CPU's: a wrong mask, "
+               "offset or sequence boundary in the GPU's variable-length attention or in packing, a wrong gradient, "
+               "loss or optimizer step, data or masks that differ from the reference's (fingerprinted first)",
+    "does_not_catch": "reduced matmul precision: TF32 (10-bit mantissa, ~1e-3 relative per product) or a bf16 op "
+                      "inside the fp32 path moves a 20-step curve by ~1e-4..3e-3, inside the tolerance; nor a "
+                      "defect smaller than 0.5% over 20 steps",
+    "instead": "both runs pin fp32 matmuls to IEEE fp32 (benchmarks/timed_run.py --pin-fp32: "
+               "set_float32_matmul_precision('highest'), cuda.matmul.allow_tf32 and cudnn.allow_tf32 False, "
+               "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE unset, NVIDIA_TF32_OVERRIDE=0); `matmul_precision` is what each run "
+               "had at its first step, and the step fails where the fp32 run could have used TF32"}
 # bf16 against fp32 on the GPU, the end of the curve (mean of the last 3 steps): bf16 rounds each value to 8 bits of
 # mantissa (~0.4%), but a loss averages ~1e4 token terms and the master weights and Adam stay fp32 (DeepSpeed's
 # ZeRO-1/2 bf16; its gradients are bf16 — `data_types.grad_accum_dtype` unset — which one GPU and one micro-batch
@@ -89,7 +105,7 @@ class Sizes:
     model: str
     precision: str
     batch_tokens: int
-    steps: int               # step 3, logged every `log_every` (the first window holds the warm-up)
+    steps: int               # step 2, logged every `log_every`: the first window warms up, the rest are timed
     log_every: int
     loader_workers: int
     profile_warm: int
@@ -97,15 +113,18 @@ class Sizes:
     resume_steps: int
     resume_every: int        # checkpoint cadence; the run is killed after the first one
     mds_args: tuple[str, ...]
+    run_reserve_s: int       # step 2: what each run still to come keeps of the step's box
 
 
 # GPU: HIBERT_M bf16 micro-batches of 65,536 tokens (~70 documents), as docs/performance.md's command; the corpus
-# (~3.2M tokens, vocab ~12k: what the samples' 16k word types allow) holds step 3's 30 steps in one epoch.
-DEVICE = Sizes(Corpus(4000, 32000, pinned=False), "hibert_m", "bf16", 65536, 30, 10, 4, 5, 3, 8, 4,
+# (~4.8M tokens, vocab ~12k: what the samples' 16k word types allow) holds step 2's 60 steps in one epoch: 5 timed
+# windows of 9 steps after the warm-up window.
+DEVICE = Sizes(Corpus(6000, 32000, pinned=False), "hibert_m", "bf16", 65536, 60, 10, 4, 5, 3, 8, 4,
                ("--device", "cuda", "--precision", "bf16", "--hidden", "512", "--batch", "8",
-                "--lengths", "800", "1600", "3000", "6000", "--threads", str(min(16, os.cpu_count() or 1))))
-DRY = Sizes(Corpus(120, 1000), "hibert_tiny", "fp32", 1500, 4, 2, 1, 2, 2, 8, 4,
-            ("--hidden", "32", "--batch", "1", "--repeats", "1", "--threads", "2"))
+                "--lengths", "800", "1600", "3000", "6000", "--threads", str(min(16, os.cpu_count() or 1))), 35)
+DRY = Sizes(Corpus(120, 1000), "hibert_tiny", "fp32", 1500, 9, 3, 1, 2, 2, 8, 4,
+            ("--hidden", "32", "--batch", "1", "--repeats", "1", "--threads", "2"), 20)
+READ_S = 6   # what reading a run's numbers takes: a run is stopped this long before its step's box ends
 
 
 @dataclass(frozen=True)
@@ -197,9 +216,10 @@ def store(ctx: Context, root: Path) -> str:
 class Run:
     root: Path
     name: str
-    code: int
+    code: int | None         # None: stopped at its deadline
     wall_s: float
     log: Path
+    record: Path | None = None   # timed_run.py's per-step lines
 
     @property
     def dir(self) -> Path:
@@ -230,27 +250,41 @@ def pretrain_args(root: Path, name: str, data: Path, settings: dict[str, Any]) -
     return ["pretrain", *(f"{k}={v}" for k, v in {**base, **settings}.items())]
 
 
-def start(ctx: Context, root: Path, name: str, data: Path, settings: dict[str, Any],
-          tag: str = "") -> tuple[subprocess.Popen, Path]:
+def start(ctx: Context, root: Path, name: str, data: Path, settings: dict[str, Any], tag: str = "",
+          record: bool = False, pin_fp32: bool = False) -> tuple[subprocess.Popen, Path, Path | None]:
+    """`hibert pretrain` through timed_run.py: with `record`, its per-step lines beside the log; `pin_fp32`: IEEE
+    fp32 matmuls whatever the environment says."""
     log = ctx.work / "logs" / f"{root.name}-{name}{tag}.log"
+    rec = log.with_suffix(".steps.jsonl") if record else None
     store(ctx, root)
-    args = pretrain_args(root, name, data, settings)
+    wrapper = [str(HERE / "timed_run.py"), *(["--record", str(rec)] if rec else []), *(["--pin-fp32"] * pin_fp32)]
     f = log.open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "hibert.cli", *args], stdout=f, stderr=subprocess.STDOUT, cwd=REPO)
+    proc = subprocess.Popen([sys.executable, *wrapper, *pretrain_args(root, name, data, settings)], stdout=f,
+                            stderr=subprocess.STDOUT, cwd=REPO)
     f.close()
-    return proc, log
+    return proc, log, rec
 
 
-def pretrain_run(ctx: Context, root: Path, name: str, data: Path, settings: dict[str, Any], tag: str = "") -> Run:
-    t0 = time.time()
-    proc, log = start(ctx, root, name, data, settings, tag)
+def finish_run(proc: subprocess.Popen, deadline: float) -> int | None:
+    """The run's exit status, or None where it was still running at `deadline` (then killed: its checkpoint on
+    SIGTERM would cost the seconds its numbers are read in)."""
     try:
-        code = proc.wait(timeout=ctx.left())
+        return proc.wait(timeout=max(deadline - time.time(), 0.1))
+    except subprocess.TimeoutExpired:
+        return None
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return Run(root, name, code, time.time() - t0, log)
+
+
+def pretrain_run(ctx: Context, root: Path, name: str, data: Path, settings: dict[str, Any], tag: str = "",
+                 deadline: float | None = None, record: bool = False) -> Run:
+    """A run to its end or to `deadline` (default: its step's box less READ_S), whichever is first."""
+    t0 = time.time()
+    proc, log, rec = start(ctx, root, name, data, settings, tag, record)
+    code = finish_run(proc, deadline or ctx.deadline - READ_S)
+    return Run(root, name, code, time.time() - t0, log, rec)
 
 
 def speed_settings(s: Sizes, zero: int, **extra: Any) -> dict[str, Any]:
@@ -277,7 +311,7 @@ def _gib(path: Path) -> float:
     return round(sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**30, 3) if path.is_dir() else 0.0
 
 
-# ------------------------------------------------------------------------------------------ step 2
+# ------------------------------------------------------------------------------------------ step 5
 def cuda_test_files() -> list[Path]:
     """tests/test_*cuda*.py, and any test module that skips as a whole without CUDA (pytestmark)."""
     found = set(REPO.glob("tests/test_*cuda*.py"))
@@ -301,6 +335,24 @@ def junit_cases(xml: Path) -> list[dict[str, Any]]:
 
 # each CUDA test gets at most this long (pytest-timeout; the project's 300 s would eat the step's box)
 CUDA_TEST_TIMEOUT_S = 60
+INTERRUPT_S = 8   # pytest interrupted at the box (SIGINT) ends its session and writes its XML within this
+
+
+def run_pytest(cmd: list[str], timeout: float) -> tuple[int | str, str]:
+    """pytest's exit status ("timeout": interrupted at `timeout`) and output. Interrupted with SIGINT, as ^C: it
+    then reports the tests it ran and writes its junit XML (a SIGKILL would leave no XML)."""
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out = proc.communicate(timeout=max(timeout, 1))[0]
+        return proc.returncode, out or ""
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out = proc.communicate(timeout=INTERRUPT_S)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out = proc.communicate()[0]
+        return "timeout", out or ""
 
 
 def cuda_tests(report: Report, ctx: Context) -> None:
@@ -315,14 +367,9 @@ def cuda_tests(report: Report, ctx: Context) -> None:
         cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", f"--junitxml={xml}",
                "-o", f"timeout={CUDA_TEST_TIMEOUT_S}", "-k", select, *(str(f.relative_to(REPO)) for f in files)]
         commands.append(" ".join(cmd[1:]))
-        try:   # leave time to read what it wrote
-            out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=max(ctx.left() - 15, 1))
-            exits.append(out.returncode)
-            tails.append(out.stdout[-1500:] if out.returncode not in (0, 5) or part == "rest" else out.stdout[-300:])
-        except subprocess.TimeoutExpired as e:
-            exits.append("timeout")
-            stdout = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-            tails.append(stdout[-1500:])
+        code, stdout = run_pytest(cmd, ctx.left() - INTERRUPT_S - 4)   # time to stop it and read what it wrote
+        exits.append(code)
+        tails.append(stdout[-1500:] if code not in (0, 5) or part == "rest" else stdout[-300:])
         cases += junit_cases(xml)
     counts = {k: sum(c["outcome"] == k for c in cases) for k in ("passed", "failure", "error", "skipped")}
     report.update(files=[str(f.relative_to(REPO)) for f in files], commands=commands, exits=exits,
@@ -344,45 +391,106 @@ def cuda_tests(report: Report, ctx: Context) -> None:
         report.finish("passed", head)
 
 
-# ------------------------------------------------------------------------------------------ step 3
-def speed_numbers(r: Run) -> dict[str, Any]:
-    """The run's logged windows: the last one is steady state (the first holds start-up and kernel selection)."""
-    if r.code != 0:
-        return {"exit": r.code, "wall_s": round(r.wall_s, 1), "log_tail": r.tail()}
-    h = r.history()
-    tags = sorted(r.dir.glob("checkpoints/step_*/COMPLETE.json"))
+# ------------------------------------------------------------------------------------------ step 2
+def device_peak() -> dict[str, Any]:
+    """The peak MFU is counted against (hibert/runtime/peak_flops.py's rules), and what the runtime takes where
+    tracking.peak_tflops is not set (the same rules: the two must agree)."""
+    if not torch.cuda.is_available():
+        return {"tflops": None, "rule": "no CUDA: MFU not computed"}
+    props = torch.cuda.get_device_properties(0)
+    peak = peak_tflops(props.name, round(props.total_memory / 2**30, 1), props.multi_processor_count)
+    return {**peak, "runtime_table_tflops": default_peak_tflops(torch.device("cuda"), None)}
+
+
+def logged_numbers(r: Run) -> dict[str, Any]:
+    """What the run logged: its MLflow metrics, else its log lines (a store a killed run left unreadable)."""
+    try:
+        h, source = r.history(), "mlflow"
+    except Exception as e:  # noqa: BLE001 - whatever the store says, the log lines hold the same windows
+        h, source = logged_lines(r.log), f"log lines (MLflow: {type(e).__name__}: {str(e)[:160]})"
     keys = ("tokens_per_s", "mfu", "data_wait_fraction", "steps_per_s", "collate_ms", "train_loss")
-    return {"exit": 0, "wall_s": round(r.wall_s, 1), **{k: _last(h, k) for k in keys},
+    return {"logged_from": source, **{k: _last(h, k) for k in keys},
             "peak_memory_gb": max((v for _, v in h.get("peak_memory_gb", [])), default=None),
-            "windows_tokens_per_s": {s: round(v) for s, v in h.get("tokens_per_s", [])},
-            "checkpoint": tags[-1].parent.name if tags else None, "checkpoint_gib": _gib(r.dir / "checkpoints"),
-            "exported": (r.dir / "export" / "encoder.safetensors").is_file()}
+            "windows_tokens_per_s": {s: round(v) for s, v in h.get("tokens_per_s", [])}}
+
+
+def record_numbers(r: Run, s: Sizes, peak: float | None) -> dict[str, Any]:
+    """What a run's own files say, finished or stopped at its deadline (cheap: read first, kept first): the steady
+    state from its per-step record (windows without a log step, start-up or compile: device_mfu.steady_windows),
+    Dynamo's counters where it compiled, its checkpoint and export."""
+    steps, info = read_record(r.record) if r.record else ([], {})
+    timing = steady_windows(steps, s.log_every, peak)
+    tags = sorted(r.dir.glob("checkpoints/step_*/COMPLETE.json"))
+    out = {"exit": r.code, "stopped_at_deadline": r.code is None, "wall_s": round(r.wall_s, 1),
+           "steps_recorded": len(steps), "steady": timing["steady"], "steady_windows": timing["steady_windows"],
+           "steady_reason": timing.get("reason"), "clock": timing["clock"], "timed_windows": timing["windows"],
+           "dynamo": info.get("dynamo") or None,
+           "checkpoint": tags[-1].parent.name if tags else None, "checkpoint_gib": _gib(r.dir / "checkpoints"),
+           "exported": (r.dir / "export" / "encoder.safetensors").is_file()}
+    if r.code != 0:
+        out["log_tail"] = r.tail(1200)
+    return out
+
+
+def speed_numbers(r: Run, s: Sizes, peak: float | None) -> dict[str, Any]:
+    """A run's numbers: its record's, then what it logged (the last logged window holds the previous log step's
+    syncs and writes: kept beside the steady state, not instead of it)."""
+    return {**record_numbers(r, s, peak), **logged_numbers(r)}
+
+
+def run_headline(name: str, r: dict[str, Any]) -> str:
+    steady = r.get("steady")
+    if steady:
+        head = (f"{name} {steady['tokens_per_s']:,.0f} tok/s" + (f" MFU {100 * steady['mfu']:.1f}%" if steady["mfu"]
+                                                                   else "")
+                + f" ({r['clock'].split('_')[0]} clock, {r['steady_windows']} windows ±{100 * steady['spread']:.0f}%)"
+                + f" wait {100 * (steady['data_wait_fraction'] or 0):.1f}%")
+    elif r.get("tokens_per_s"):
+        head = f"{name} {r['tokens_per_s']:,.0f} tok/s as logged ({r.get('steady_reason')})"
+    else:
+        return f"{name}: no numbers"
+    if r.get("dynamo"):
+        head += f" {r['dynamo'].get('recompiles', 0)} recompiles"
+    return head + f" peak {r.get('peak_memory_gb') or 0:.1f} GB" + (" (stopped)" if r["stopped_at_deadline"] else "")
 
 
 def pretrain(report: Report, ctx: Context) -> None:
     s = sizes(ctx)
     data = corpus(ctx, s.corpus)
-    report.update(corpus=describe(data), settings=speed_settings(s, 1), runs={},
-                  counted="tokens/s: real encoder + decoder tokens of every micro-batch over the window's wall time "
-                          "(hibert/runtime/metrics.py); MFU: the model's FLOPs (modeling/flops.py) over the GPU's "
-                          "dense bf16 peak (metrics.PEAK_TFLOPS); peak memory: torch's max allocated (CUDA) or "
-                          "the process's max RSS (CPU)")
+    peak = device_peak()
+    extra = {"tracking.peak_tflops": peak["tflops"]} if peak["tflops"] else {}
+    report.update(corpus=describe(data), settings=speed_settings(s, 1, **extra), runs={}, peak=peak,
+                  counted="tokens/s: real encoder + decoder tokens of every micro-batch over wall time; steady: the "
+                          "windows between log steps, each timed from the end of its first step to the end of its "
+                          "last (GPU events on CUDA), so no window holds the step log's syncs and sqlite writes; "
+                          "not the first window (start-up), none that compiled or crossed an epoch "
+                          "(benchmarks/device_mfu.py); as logged: the run's own windows (each holds the previous "
+                          "log step's work). MFU: the model's FLOPs (modeling/flops.py) over `peak`; peak memory: "
+                          "torch's max allocated (CUDA) or the process's max RSS (CPU)")
+    # ZeRO-1 with the defaults; then with the switches that are off until measured faster (torch.compile of the
+    # layers; no per-step overflow check, so no host sync left in the step), before ZeRO-2: its cold compile is
+    # the slow run, and a run stopped at its deadline keeps what it logged
+    order = [("zero1", speed_settings(s, 1, **extra)), ("zero1-compiled", speed_settings(s, 1, **TUNED, **extra)),
+             ("zero2", speed_settings(s, 2, **extra))]
     runs: dict[str, Any] = {}
-    # the defaults at ZeRO-1 and ZeRO-2, then ZeRO-1 with the switches that are off until measured faster
-    # (torch.compile of the layers; no per-step overflow check, so no host sync left in the step): last, as its
-    # cold compile is the one a short box cuts
-    configs = {"zero1": speed_settings(s, 1), "zero2": speed_settings(s, 2),
-               "zero1-compiled": speed_settings(s, 1, **TUNED)}
-    for name, settings in configs.items():
-        r = pretrain_run(ctx, ctx.work / "runs" / "pretrain", name, data, settings)
-        runs[name] = {**speed_numbers(r), "switches": {k: settings.get(k, not v) for k, v in TUNED.items()}}
+    for i, (name, settings) in enumerate(order):
+        # each run until the box less what reading its numbers and the runs after it keep
+        deadline = ctx.deadline - READ_S - s.run_reserve_s * (len(order) - 1 - i)
+        if deadline - time.time() < s.run_reserve_s / 2:
+            runs[name] = {"exit": None, "stopped_at_deadline": True, "skipped": "no time left in the box"}
+            continue
+        r = pretrain_run(ctx, ctx.work / "runs" / "pretrain", name, data, settings, deadline=deadline, record=True)
+        runs[name] = {**record_numbers(r, s, peak["tflops"]),
+                      "switches": {k: settings.get(k, not v) for k, v in TUNED.items()}}
+        report.update(runs=runs)   # kept before the slower read of its MLflow store
+        runs[name].update(logged_numbers(r))
         report.update(runs=runs)
-    ok = all(r["exit"] == 0 and r.get("tokens_per_s") for r in runs.values())
-    head = "; ".join(f"{z} {r['tokens_per_s']:,.0f} tok/s"
-                     + (f" MFU {100 * r['mfu']:.1f}%" if r.get("mfu") else "")
-                     + f" wait {100 * r['data_wait_fraction']:.1f}% peak {r['peak_memory_gb'] or 0:.1f} GB"
-                     for z, r in runs.items() if r.get("tokens_per_s"))
-    report.finish("passed" if ok else "failed", head, None if ok else "a pretraining run failed (its log_tail)")
+    problems = [f"{n} {r.get('skipped') or 'stopped at its deadline'}" if r["stopped_at_deadline"]
+                else f"{n} exited {r['exit']}" for n, r in runs.items() if r["exit"] != 0]
+    problems += [f"{n}: no steady state ({r['steady_reason']})" for n, r in runs.items()
+                 if r["exit"] == 0 and not r.get("steady")]
+    report.finish("failed" if problems else "passed", "; ".join(run_headline(n, r) for n, r in runs.items()),
+                  "; ".join(problems) + " (the numbers each run logged are kept)" if problems else None, runs=runs)
 
 
 # ------------------------------------------------------------------------------------------ step 4
@@ -432,11 +540,30 @@ def fingerprint(ctx: Context, c: Curve, data: Path) -> dict[str, str]:
             "first_batch": batch.hexdigest()[:16], "init_weights": weights.hexdigest()[:16]}
 
 
-def curve_run(ctx: Context, key: str, data: Path, precision: str) -> tuple[list[float], Run]:
-    r = pretrain_run(ctx, ctx.work / "runs" / f"curve-{key}", precision, data, curve_settings(CURVES[key], precision))
-    if r.code != 0:
-        return [], r
-    return [v for _, v in r.history().get("train_loss", [])], r
+def start_curves(ctx: Context, key: str, data: Path, precisions: tuple[str, ...]) -> dict[str, Any]:
+    """Step 4's runs side by side (each its own store: one sqlite writer each), fp32 matmuls pinned
+    (FP32_COMPARISON)."""
+    started = {}
+    for precision in precisions:
+        root = ctx.work / "runs" / f"curve-{key}-{precision}"
+        settings = curve_settings(CURVES[key], precision)
+        started[precision] = (root, time.time(), *start(ctx, root, precision, data, settings, record=True,
+                                                        pin_fp32=True))
+    return started
+
+
+def finish_curves(ctx: Context, started: dict[str, Any]) -> dict[str, tuple[list[float], Run, dict[str, Any]]]:
+    """Per precision: the train loss it logged (all of it, or what a stopped run had), the run, its precision state."""
+    out = {}
+    for precision, (root, t0, proc, log, rec) in started.items():
+        r = Run(root, precision, finish_run(proc, ctx.deadline - READ_S), time.time() - t0, log, rec)
+        try:
+            losses = [v for _, v in r.history().get("train_loss", [])]
+        except Exception:  # noqa: BLE001 - a run that never reached MLflow: its exit and log say why
+            losses = []
+        info = read_record(rec)[1]
+        out[precision] = (losses, r, info.get("precision_at_first_step") or info.get("precision") or {})
+    return out
 
 
 def loss_curve(report: Report, ctx: Context) -> None:
@@ -444,18 +571,21 @@ def loss_curve(report: Report, ctx: Context) -> None:
     c = CURVES[key]
     ref = json.loads(REFERENCE.read_text())["curves"].get(key) if REFERENCE.is_file() else None
     data = corpus(ctx, c.corpus)
-    fp = fingerprint(ctx, c, data)
+    started = start_curves(ctx, key, data, ("fp32", "bf16"))
+    fp = fingerprint(ctx, c, data)   # while the runs start
     report.update(config=asdict(c), fingerprint=fp, reference=str(REFERENCE.relative_to(REPO)),
-                  reference_fingerprint=ref and ref["fingerprint"],
+                  reference_fingerprint=ref and ref["fingerprint"], fp32_comparison=FP32_COMPARISON,
                   tolerances={"fp32_vs_cpu_reference_rtol_every_step": FP32_CURVE_RTOL,
                               "bf16_vs_fp32_end_rtol": BF16_END_RTOL})
-    fp32, r32 = curve_run(ctx, key, data, "fp32")
-    report.update(fp32=fp32)
-    bf16, r16 = curve_run(ctx, key, data, "bf16")
-    report.update(bf16=bf16)
-    problems = [f"{name} run exited {r.code}: {r.tail(600)}" if r.code else
-                f"{name} logged {len(curve)} of {c.steps} steps"
-                for name, curve, r in (("fp32", fp32, r32), ("bf16", bf16, r16)) if r.code or len(curve) != c.steps]
+    done = finish_curves(ctx, started)
+    (fp32, r32, p32), (bf16, r16, p16) = done["fp32"], done["bf16"]
+    report.update(fp32=fp32, bf16=bf16, matmul_precision={"fp32": p32, "bf16": p16})
+    problems = [f"{name} run {'stopped at its deadline' if r.code is None else f'exited {r.code}'}: {r.tail(600)}"
+                if r.code != 0 else f"{name} logged {len(curve)} of {c.steps} steps"
+                for name, curve, r in (("fp32", fp32, r32), ("bf16", bf16, r16))
+                if r.code != 0 or len(curve) != c.steps]
+    if tf32_possible(p32):
+        problems.append(f"the fp32 run's matmuls were not pinned to IEEE fp32: {p32}")
     numbers: dict[str, Any] = {}
     if ref is None:
         problems.append(f"no reference curve for {key} in {REFERENCE.name}: make it with --make-reference")
@@ -484,7 +614,7 @@ def loss_curve(report: Report, ctx: Context) -> None:
     report.finish("failed" if problems else "passed", head, "; ".join(problems) or None, **numbers)
 
 
-# ------------------------------------------------------------------------------------------ step 5
+# ------------------------------------------------------------------------------------------ step 3
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -514,20 +644,27 @@ def profile_numbers(prof: Any, steps: int, wall_s: float) -> dict[str, Any]:
 
 
 def fastest_zero1(ctx: Context) -> dict[str, Any]:
-    """The switches of step 3's fastest ZeRO-1 run ({} = the defaults), from its JSON in the output folder."""
-    done = ctx.out / "3_pretrain.json"
+    """The switches of step 2's fastest ZeRO-1 run ({} = the defaults), from its JSON in the output folder: by its
+    steady tokens/s, else (no steady state) as logged."""
+    done = ctx.out / next(st.file for st in SUITE_STEPS if st.name == "pretrain")
     runs = json.loads(done.read_text()).get("runs", {}) if done.is_file() else {}
-    timed = {n: r for n, r in runs.items() if n.startswith("zero1") and r.get("tokens_per_s")}
+    rate = {n: (r.get("steady") or {}).get("tokens_per_s") or r.get("tokens_per_s") for n, r in runs.items()
+            if n.startswith("zero1")}
+    timed = {n: v for n, v in rate.items() if v}
     if not timed:
         return {}
-    best = max(timed, key=lambda n: timed[n]["tokens_per_s"])
-    return {k: v for k, v in timed[best].get("switches", {}).items() if TUNED.get(k) == v}
+    best = max(timed, key=timed.get)
+    return {k: v for k, v in runs[best].get("switches", {}).items() if TUNED.get(k) == v}
+
+
+class _Profiled(Exception):
+    """Raised after the profiled steps: the profile needs no evaluation, checkpoint or export."""
 
 
 def profile(report: Report, ctx: Context) -> None:
-    """Step 3's fastest ZeRO-1 configuration (the default one where step 3 has no number) in this process,
-    through the same Trainer, its train steps after `profile_warm` ones under torch.profiler (the step log,
-    evaluation and checkpoint are outside them; a compiled run compiles in the warm steps)."""
+    """Step 2's fastest ZeRO-1 configuration (the default one where step 2 has no number) in this process,
+    through the same Trainer, its train steps after `profile_warm` ones under torch.profiler (the step log is
+    outside them; a compiled run compiles in the warm steps, from step 2's inductor cache); the run stops there."""
     s = sizes(ctx)
     data = corpus(ctx, s.corpus)
     last = s.profile_warm + s.profile_steps
@@ -555,14 +692,16 @@ def profile(report: Report, ctx: Context) -> None:
             _sync()
             timing["wall"] = time.perf_counter() - timing["t0"]
             prof.stop()
+            raise _Profiled
         return stats
 
     trainer.train_step = profiled
-    trainer.fit()
+    with contextlib.suppress(_Profiled):
+        trainer.fit()
     if dist.is_initialized():
         dist.destroy_process_group()
     numbers = profile_numbers(prof, s.profile_steps, timing["wall"])
-    numbers["settings"] = speed_settings(s, 1, **switches)
+    numbers.update(settings=speed_settings(s, 1, **switches), dynamo=dynamo_counts() or None)
     if torch.cuda.is_available():
         top = numbers["top_kernels"][0] if numbers["top_kernels"] else {"kernel": "-", "share_of_busy": 0}
         head = (f"{numbers['wall_ms_per_step']:.1f} ms/step, GPU busy {numbers['gpu_busy_ms_per_step']:.1f} ms, "
@@ -604,7 +743,7 @@ def resume(report: Report, ctx: Context) -> None:
     root = ctx.work / "runs" / "resume"
     ref = pretrain_run(ctx, root / "uninterrupted", "run", data, settings)
     report.update(settings=settings, uninterrupted={"exit": ref.code, "wall_s": round(ref.wall_s, 1)})
-    proc, _ = start(ctx, root / "killed", "run", data, settings, "-first")
+    proc, _, _ = start(ctx, root / "killed", "run", data, settings, "-first")
     try:
         caught = _wait_for(root / "killed" / "run" / "checkpoints" / f"step_{k:09d}" / "COMPLETE.json", proc,
                            ctx.left())
@@ -623,7 +762,8 @@ def resume(report: Report, ctx: Context) -> None:
     report.update(**numbers)
     if ref.code != 0 or again.code != 0:
         bad = ref if ref.code != 0 else again
-        report.finish("failed", "", f"a run exited {bad.code}: {bad.tail(800)}", **numbers)
+        ended = "was stopped at its deadline" if bad.code is None else f"exited {bad.code}"
+        report.finish("failed", "", f"a run {ended}: {bad.tail(800)}", **numbers)
         return
     want, got = ref.history()["train_loss"], again.history()["train_loss"]
     a, b = _weights(ref.dir), _weights(again.dir)
@@ -712,7 +852,7 @@ def make_reference(ctx: Context) -> int:
     for key, c in CURVES.items():
         data = corpus(ctx, c.corpus)
         t0 = time.time()
-        losses, r = curve_run(ctx, key, data, "fp32")
+        losses, r, _ = finish_curves(ctx, start_curves(ctx, key, data, ("fp32",)))["fp32"]
         if r.code != 0 or len(losses) != c.steps:
             print(f"{key}: the fp32 run failed (exit {r.code}):\n{r.tail()}", file=sys.stderr)
             return 1

@@ -3,10 +3,11 @@ dry run (`--dry-run`: the same steps, tiny sizes, gloo, DS_ACCELERATOR=cpu, CUDA
 
 Steps, in order of value, each in its own process with its own time box (a failing or slow step never costs the
 ones after it), each writing one small JSON to the output directory (`$OUT` where the device tool sets it, else
-`--out`, else runs/device-suite): 1_environment, 2_cuda_tests, 3_pretrain, 4_loss_curve, 5_profile, 6_resume,
+`--out`, else runs/device-suite): 1_environment, 2_pretrain, 3_profile, 4_loss_curve, 5_cuda_tests, 6_resume,
 7_mds, and at the end summary.json and one printed table. A step's JSON: its status (passed, failed, timed_out,
 skipped, with the reason), seconds, time box, its numbers and the machine (GPU, torch, CUDA, DeepSpeed, commit,
-whether tracked files had changes). Step 1 is here; steps 2-7 and `--make-reference` are in device_steps.py.
+whether tracked files had changes). The budget (420 s on the device) holds the wheels' installation and every
+step's box. Step 1 is here; steps 2-7 and `--make-reference` are in device_steps.py.
 
 This module imports only the standard library at its top: it runs on a bare machine before the wheels carried in
 the working tree (`--wheels DIR`) are installed, and before `hibert` is importable (it makes it so: an installed
@@ -31,11 +32,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import tomllib
+import zipfile
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,19 +58,24 @@ class Step:
         return f"{STEPS.index(self) + 1}_{self.name}.json"
 
 
-# In order of value. The device budget (--budget, 540 s) fits one 600 s call of the device tool; the boxes add up to
-# more because most steps end well inside theirs, and a step never gets more than the budget has left.
+# In order of value: what the first GPU window must bring back first (the environment, the end-to-end pretraining
+# MFU and its profile), the CUDA tests (cold compiles against a per-test timeout) after the numbers. Every step is
+# guaranteed its box: the wheels' installation (SETUP_BOX_S) and the boxes add up to no more than the budget (one
+# 420 s device call, set-up included), and what a step leaves unused goes to the next one (`box_now`).
 STEPS = [
-    Step("environment", 100, 60, 20),
-    Step("cuda_tests", 120, 60, 30),
-    Step("pretrain", 260, 130, 60),
-    Step("loss_curve", 120, 100, 40),
-    Step("profile", 100, 45, 30),
-    Step("resume", 150, 80, 45),
-    Step("mds", 90, 80, 30),
+    Step("environment", 25, 25, 15),
+    Step("pretrain", 170, 100, 60),
+    Step("profile", 40, 25, 20),
+    Step("loss_curve", 45, 40, 30),
+    Step("cuda_tests", 40, 15, 15),
+    Step("resume", 40, 45, 30),
+    Step("mds", 30, 30, 20),
 ]
-DEVICE_BUDGET_S, DRY_BUDGET_S = 540, 290
-GRACE_S = 10  # after SIGTERM (a run checkpoints on it), then SIGKILL of the step's whole process group
+SETUP_BOX_S, DRY_SETUP_BOX_S = 30, 20   # pip, then unpacking where pip fails (install_wheels)
+DEVICE_BUDGET_S, DRY_BUDGET_S = 420, 300
+# a step past its box: SIGTERM (its `finally` stops its runs), SIGKILL of its process group GRACE_S later; the step
+# is stopped STOP_S before its box ends, so that stopping it fits in the box too
+GRACE_S, STOP_S = 3, 6
 
 # Python modules the steps import (the image's own torch and numpy included); what is missing must be carried.
 REQUIRED = ("torch", "numpy", "deepspeed", "mlflow", "pydantic", "yaml", "sentencepiece", "safetensors",
@@ -189,20 +197,62 @@ def _version(dist: str) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------ the step environment
-def install_wheels(wheels: Path, site: Path) -> None:
+def install_wheels(wheels: Path, site: Path, timeout: float, python: str = sys.executable) -> dict[str, Any]:
     """The carried wheels into a private target (the image's own packages, torch's CUDA build first among them,
-    stay as they are). --no-deps: the bundle is complete by construction (benchmarks/offline_bundle.sh)."""
-    found = sorted(wheels.glob("*.whl"))
+    stay as they are). --no-deps: the bundle is complete by construction (benchmarks/offline_bundle.sh). Where pip
+    is missing, fails or takes longer than `timeout`, the wheels are unpacked there instead (`unpack_wheels`).
+    Never raises: what happened is the record step 1 reports, and the steps go on with what then imports."""
+    found = sorted(wheels.glob("*.whl")) if wheels.is_dir() else []
+    rec: dict[str, Any] = {"dir": str(wheels), "count": len(found), "installer": None}
     if not found:
-        raise SystemExit(f"--wheels {wheels}: no .whl files there")
+        rec["error"] = f"--wheels {wheels}: no .whl files there"
+        return rec
     site.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-           "--no-cache-dir", "--upgrade", "--target", str(site), *map(str, found)]
+    cmd = [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
+           "--disable-pip-version-check", "--upgrade", "--target", str(site), *map(str, found)]
     t0 = time.time()
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"installing {len(found)} wheels from {wheels} failed:\n{out.stderr[-3000:]}")
-    print(f"installed {len(found)} wheels from {wheels} into {site} in {time.time() - t0:.0f} s", flush=True)
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        failed = f"pip exited {out.returncode}: {out.stderr.strip()[-1200:]}" if out.returncode else None
+    except subprocess.TimeoutExpired:
+        failed = f"pip did not finish in {timeout:.0f} s"
+    except OSError as e:
+        failed = f"pip did not start: {e}"
+    if failed is None:
+        rec.update(installer="pip", seconds=round(time.time() - t0, 1))
+    else:
+        rec["pip_failed"] = failed
+        try:
+            rec.update(installer="unpacked", files=unpack_wheels(found, site), seconds=round(time.time() - t0, 1))
+        except (OSError, zipfile.BadZipFile) as e:
+            rec["error"] = f"unpacking the wheels failed too: {type(e).__name__}: {e}"
+    print(f"wheels from {wheels} into {site}: {rec['installer'] or 'not installed'}"
+          f"{' (pip: ' + failed.splitlines()[0][:200] + ')' if failed else ''}", flush=True)
+    return rec
+
+
+def unpack_wheels(found: list[Path], site: Path) -> int:
+    """A wheel is a zip of its files laid out as installed (PEP 427): each extracted into `site`, its
+    `<name>.data/purelib` and `platlib` at the top (its scripts, headers and data files are not imported). On
+    PYTHONPATH this is what `pip install --target` gives. Returns how many files."""
+    count = 0
+    for whl in found:
+        with zipfile.ZipFile(whl) as z:
+            for info in z.infolist():
+                parts = PurePosixPath(info.filename).parts
+                if parts and parts[0].endswith(".data"):
+                    parts = parts[2:] if len(parts) > 2 and parts[1] in ("purelib", "platlib") else ()
+                if info.is_dir() or not parts or ".." in parts or info.filename.startswith("/"):
+                    continue
+                target = site.joinpath(*parts)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with z.open(info) as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                mode = info.external_attr >> 16
+                if mode & 0o111:   # executables the package runs (e.g. a bundled binary)
+                    os.chmod(target, mode & 0o777)
+                count += 1
+    return count
 
 
 def package_links(target: Path) -> Path:
@@ -230,8 +280,9 @@ def import_origin(env: dict[str, str], module: str = "hibert") -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def step_env(args: argparse.Namespace, work: Path) -> tuple[dict[str, str], dict[str, Any]]:
+def step_env(args: argparse.Namespace, work: Path, setup_box: float) -> tuple[dict[str, str], dict[str, Any]]:
     """The environment every step inherits, and what setting it up found (recorded by step 1)."""
+    t0 = time.time()
     env = dict(os.environ)
     env.pop("MLFLOW_TRACKING_URI", None)   # every run names its own store
     env.update(PYTHONUNBUFFERED="1", MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="true", HF_HUB_OFFLINE="1",
@@ -242,9 +293,9 @@ def step_env(args: argparse.Namespace, work: Path) -> tuple[dict[str, str], dict
     setup: dict[str, Any] = {"wheels": None}
     if args.wheels:
         site = work / "site"
-        install_wheels(Path(args.wheels), site)
-        paths.insert(0, str(site))
-        setup["wheels"] = {"dir": str(args.wheels), "count": len(list(Path(args.wheels).glob("*.whl")))}
+        setup["wheels"] = install_wheels(Path(args.wheels), site, setup_box)
+        if setup["wheels"]["installer"]:
+            paths.insert(0, str(site))
     if paths:
         env["PYTHONPATH"] = os.pathsep.join(paths)
     installed = import_origin(env)
@@ -261,6 +312,7 @@ def step_env(args: argparse.Namespace, work: Path) -> tuple[dict[str, str], dict
              "print(json.dumps([m for m in sys.argv[1:] if u.find_spec(m) is None]))")
     out = subprocess.run([sys.executable, "-c", probe, *REQUIRED], env=env, capture_output=True, text=True)
     setup["missing"] = json.loads(out.stdout) if out.returncode == 0 else list(REQUIRED)
+    setup["seconds"] = round(time.time() - t0, 1)
     return env, setup
 
 
@@ -281,17 +333,62 @@ print(json.dumps({"status": "loaded", "seconds": round(time.time() - t, 1), "upd
 """
 
 
-def _probe(code: str, env: dict[str, str], timeout: float) -> dict[str, Any]:
-    """A check in a child with its own timeout (a JIT build that hangs must not take the step with it)."""
-    t0 = time.time()
-    try:
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"status": "timed_out", "seconds": round(time.time() - t0, 1)}
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode == 0 and lines:
-        return json.loads(lines[-1])
-    return {"status": "failed", "seconds": round(time.time() - t0, 1), "error": (out.stderr or out.stdout)[-600:]}
+# A tiny function through torch.compile's default backend (inductor): on CUDA it generates a Triton kernel, which
+# needs triton, a C compiler and Python's headers (Triton builds its launcher) — what step 2's compiled run needs
+# before its first step. Time-boxed (COMPILE_PROBE_S to compile, after torch's import); a cold CPU (C++) compile
+# takes longer than that, so on CPU it is skipped and step 2's compiled run is the check.
+COMPILE_PROBE = r"""
+import json, time
+t = time.time()
+import torch
+imported = time.time() - t
+f = torch.compile(lambda x: torch.nn.functional.gelu(x) * 2.0 + 1.0)
+x = torch.randn(4096, device="cuda")
+t = time.time()
+y = f(x)
+torch.cuda.synchronize()
+ok = bool(torch.allclose(y, torch.nn.functional.gelu(x) * 2.0 + 1.0, atol=1e-5))
+print(json.dumps({"status": "compiled", "import_s": round(imported, 1), "compile_s": round(time.time() - t, 1),
+                  "matches_eager": ok}))
+"""
+COMPILE_PROBE_S, IMPORT_ALLOWANCE_S = 5, 8
+
+
+class Probe:
+    """A check in a child process with its own timeout (a JIT build or a compile that hangs must not take the step
+    with it). Started at once; `result` waits for it. The child stays in the step's process group, so that the
+    step's end stops what it started (inductor's compile workers) even where the step itself is stopped first."""
+
+    def __init__(self, code: str, env: dict[str, str], timeout: float):
+        self.t0, self.timeout = time.time(), max(timeout, 1.0)
+        self.proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+
+    def result(self) -> dict[str, Any]:
+        try:
+            out, err = self.proc.communicate(timeout=max(self.t0 + self.timeout - time.time(), 0.1))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            return {"status": "timed_out", "seconds": round(time.time() - self.t0, 1),
+                    "reason": f"stopped at its {self.timeout:.0f} s box"}
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        if self.proc.returncode == 0 and lines:
+            return json.loads(lines[-1])
+        return {"status": "failed", "seconds": round(time.time() - self.t0, 1), "error": (err or out)[-600:]}
+
+
+def toolchain() -> dict[str, Any]:
+    """What torch.compile needs beside torch: triton (the CUDA backend's kernels), a C compiler and Python's headers
+    (Triton compiles its launcher with them; inductor's CPU backend compiles C++)."""
+    include = sysconfig.get_paths().get("include") or ""
+    cc = os.environ.get("CC")
+    return {"triton": _version("triton") or _version("pytorch-triton") or "missing",
+            "c_compiler": shutil.which(cc) if cc else next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))),
+                                                           None),
+            "cxx_compiler": next(filter(None, map(shutil.which, ("c++", "g++", "clang++"))), None),
+            "python_headers": str(Path(include) / "Python.h") if (Path(include) / "Python.h").is_file() else None,
+            "nvcc": shutil.which("nvcc"), "ninja": shutil.which("ninja")}
 
 
 def _collective(backend: str, device: str) -> dict[str, Any]:
@@ -321,14 +418,42 @@ def environment(report: Report, ctx: Context) -> None:
     import torch  # the check (module docstring)
 
     cuda = torch.cuda.is_available()
-    packages = {m: _version({"yaml": "pyyaml"}.get(m, m)) for m in REQUIRED}
-    info: dict[str, Any] = {"setup": setup, "packages": packages, "cuda_available": cuda,
-                            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version() if cuda else None}
+    # the compile probe runs beside the other checks: it costs the step no time of its own
+    probe = Probe(COMPILE_PROBE, ctx.env, COMPILE_PROBE_S + IMPORT_ALLOWANCE_S) if cuda else None
+    info: dict[str, Any] = {"setup": setup, "cuda_available": cuda, "cuda": torch.version.cuda,
+                            "cudnn": torch.backends.cudnn.version() if cuda else None, "toolchain": toolchain()}
+    try:
+        status, head, reason = check_environment(report, ctx, info)
+    finally:
+        info["compile_probe"] = (probe.result() if probe else
+                                 {"status": "skipped", "reason": "no CUDA: a cold CPU (C++) compile takes longer than "
+                                  f"the probe's {COMPILE_PROBE_S} s; the pretrain step's compiled run compiles on CPU"})
+    probe_result = info["compile_probe"]
+    if probe_result["status"] == "compiled" and probe_result["compile_s"] > COMPILE_PROBE_S:
+        probe_result["status"] = f"slow: over its {COMPILE_PROBE_S} s"
+    if probe:
+        head += f", compile probe {probe_result['status']}"
+    wheels = setup.get("wheels") or {}
+    if wheels.get("pip_failed") or wheels.get("error"):   # a finding, not a stop: the steps went on
+        head += f"; wheels {wheels.get('installer') or 'not installed'} ({wheels.get('error') or 'pip failed'})"
+    report.finish(status, head, reason, **info)
+
+
+def check_environment(report: Report, ctx: Context, info: dict[str, Any]) -> tuple[str, str, str | None]:
+    """Step 1's checks into `info` (written as they come); returns status, headline, reason."""
+    import torch
+
+    setup, cuda = info["setup"], info["cuda_available"]
+    info["packages"] = {m: _version({"yaml": "pyyaml"}.get(m, m)) for m in REQUIRED}
     if cuda:
         props = torch.cuda.get_device_properties(0)
         info["gpu"] = {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
                        "capability": f"{props.major}.{props.minor}", "multiprocessors": props.multi_processor_count,
                        "count": torch.cuda.device_count(), "bf16": torch.cuda.is_bf16_supported()}
+        sys.path.insert(0, str(HERE))
+        from device_mfu import peak_tflops   # standard library only
+
+        info["peak"] = peak_tflops(props.name, info["gpu"]["memory_gib"], props.multi_processor_count)
     else:
         info["gpu"] = "skipped: no CUDA"
     info["nccl"] = {"available": torch.distributed.is_nccl_available(),
@@ -337,14 +462,11 @@ def environment(report: Report, ctx: Context) -> None:
     info["collective"] = _collective("nccl", "cuda") if cuda else _collective("gloo", "cpu")
     report.update(**info)
     if setup["missing"]:
-        report.finish("failed", f"missing: {', '.join(setup['missing'])}",
-                      f"packages missing: {', '.join(setup['missing'])}: carry them as wheels (--wheels DIR, "
-                      "benchmarks/README.md)")
-        return
+        return ("failed", f"missing: {', '.join(setup['missing'])}", f"packages missing: {', '.join(setup['missing'])}"
+                ": carry them as wheels (--wheels DIR, benchmarks/README.md)")
     if not setup["link_tree"] or not setup["hibert_from"]:
-        report.finish("failed", "hibert not importable", "hibert does not import from this tree (installed: "
-                      f"{setup['hibert_installed']}; through the link tree: {setup['link_tree']})")
-        return
+        return ("failed", "hibert not importable", "hibert does not import from this tree (installed: "
+                f"{setup['hibert_installed']}; through the link tree: {setup['link_tree']})")
     import deepspeed  # after DS_ACCELERATOR (dry run: cpu): it picks its accelerator on import
     from deepspeed.accelerator import get_accelerator
 
@@ -355,7 +477,7 @@ def environment(report: Report, ctx: Context) -> None:
                          "cpu_adam": {"compatible": ops.get("cpu_adam"), "prebuilt": installed.get("cpu_adam")}}
     # DeepSpeed's FusedAdam is loaded where it is prebuilt; a JIT build (nvcc, ~1 min) is not worth the device's
     # minutes, as the runtime never steps with it (below)
-    fused = (_probe(FUSED_ADAM_PROBE, ctx.env, timeout=min(30.0, ctx.left() - 15)) if installed.get("fused_adam")
+    fused = (Probe(FUSED_ADAM_PROBE, ctx.env, min(15.0, ctx.left() - 5)).result() if installed.get("fused_adam")
              else {"status": "not prebuilt", "reason": "not JIT-built here: the runtime does not use it"})
     info["deepspeed"]["fused_adam"]["load"] = fused
     # What the runtime steps with (hibert/runtime/engine.py): torch's AdamW, fused on CUDA; DeepSpeed's FusedAdam
@@ -373,29 +495,32 @@ def environment(report: Report, ctx: Context) -> None:
         info["runtime_optimizer"] = {"used": "torch.optim.AdamW(fused=False) on CPU", "fused": "skipped: no CUDA"}
     report.update(**info)
     if not ctx.dry_run and not cuda:
-        report.finish("failed", "no CUDA", "no CUDA device: on a machine without a GPU run --dry-run")
-        return
+        return "failed", "no CUDA", "no CUDA device: on a machine without a GPU run --dry-run"
     ds = f"DeepSpeed {deepspeed.__version__}, FusedAdam {fused.get('status')}"
-    head = (f"{info['gpu']['name']} {info['gpu']['memory_gib']} GiB, torch {torch.__version__}, CUDA "
-            f"{torch.version.cuda}, {ds}, NCCL {info['nccl']['version']}" if cuda
-            else f"CPU, torch {torch.__version__}, {ds}, gloo {info['collective']['all_reduce']}")
-    report.finish("passed", head)
+    tools = info["toolchain"]
+    if cuda:
+        peak = info["peak"]
+        return "passed", (f"{info['gpu']['name']} {info['gpu']['memory_gib']} GiB (peak {peak['tflops']} TFLOP/s as "
+                          f"{peak['gpu']}), torch {torch.__version__}, CUDA {torch.version.cuda}, {ds}, NCCL "
+                          f"{info['nccl']['version']}, triton {tools['triton']}"), None
+    return "passed", (f"CPU, torch {torch.__version__}, {ds}, gloo {info['collective']['all_reduce']}, "
+                      f"triton {tools['triton']}, cc {'yes' if tools['c_compiler'] else 'missing'}"), None
 
 
 # ------------------------------------------------------------------------------------------ running the steps
 def run_step(step: Step, ctx: Context, box: float) -> dict[str, Any]:
-    """The step in its own process group, killed at its time box; its JSON completed here whatever happened."""
+    """The step in its own process group, stopped at its time box; its JSON completed here whatever happened."""
     path = ctx.out / step.file
     log = ctx.work / "logs" / f"{step.name}.log"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--step", step.name, "--out", str(ctx.out),
-           "--work", str(ctx.work), "--deadline", str(time.time() + box)] + (["--dry-run"] if ctx.dry_run else [])
+           "--work", str(ctx.work), "--deadline", str(ctx.deadline)] + (["--dry-run"] if ctx.dry_run else [])
     t0 = time.time()
     status = None
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, env=ctx.env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
                                 start_new_session=True)
         try:
-            code = proc.wait(timeout=box)
+            code = proc.wait(timeout=max(ctx.deadline - time.time(), 0.1))
         except subprocess.TimeoutExpired:
             status = "timed_out"
             _stop(proc)
@@ -419,7 +544,7 @@ def run_step(step: Step, ctx: Context, box: float) -> dict[str, Any]:
 
 def _stop(proc: subprocess.Popen) -> None:
     """SIGTERM to the step's process group, SIGKILL after GRACE_S (loader workers ignore SIGTERM)."""
-    for sig, wait in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, 5)):
+    for sig, wait in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, STOP_S - GRACE_S - 0.5)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -442,6 +567,17 @@ def headline_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def step_box(step: Step, dry_run: bool) -> int:
+    return step.dry_box_s if dry_run else step.box_s
+
+
+def box_now(step: Step, planned: list[Step], left: float, dry_run: bool) -> float:
+    """The step's time box: what the budget has left less the boxes of the planned steps after it, so that each
+    gets at least its own box and a step that ended early leaves its time to the next one."""
+    later = planned[planned.index(step) + 1:]
+    return left - sum(step_box(s, dry_run) for s in later)
+
+
 def orchestrate(args: argparse.Namespace) -> int:
     t_start = time.time()
     out = Path(os.environ.get("OUT") or args.out or REPO / "runs" / "device-suite").resolve()
@@ -450,8 +586,6 @@ def orchestrate(args: argparse.Namespace) -> int:
     (work / "logs").mkdir(parents=True, exist_ok=True)
     for name in [s.file for s in STEPS] + ["summary.json"]:   # this suite's files only; the rest of OUT stays
         (out / name).unlink(missing_ok=True)
-    env, setup = step_env(args, work)
-    (work / "setup.json").write_text(json.dumps(setup))
     budget = args.budget or (DRY_BUDGET_S if args.dry_run else DEVICE_BUDGET_S)
     only = set(args.only.split(",")) if args.only else None
     unknown = (only or set()) - {s.name for s in STEPS}
@@ -459,21 +593,24 @@ def orchestrate(args: argparse.Namespace) -> int:
         raise SystemExit(f"--only: unknown steps {sorted(unknown)}; steps: {[s.name for s in STEPS]}")
     print(f"device suite{' (dry run, CPU)' if args.dry_run else ''}: budget {budget} s, output {out}, work {work}",
           flush=True)
+    env, setup = step_env(args, work, DRY_SETUP_BOX_S if args.dry_run else SETUP_BOX_S)
+    (work / "setup.json").write_text(json.dumps(setup))
+    planned = [s for s in STEPS if only is None or s.name in only]
     rows: list[dict[str, Any]] = []
     machine = None   # a step skipped here carries the machine an earlier step described
     for step in STEPS:
         left = budget - (time.time() - t_start)
-        box = min(step.dry_box_s if args.dry_run else step.box_s, left)
-        reason = ("not in --only" if only is not None and step.name not in only else
-                  f"out of time: {left:.0f} s of the {budget} s budget left, the step needs {step.min_s}"
-                  if box < step.min_s else None)
+        box = box_now(step, planned, left, args.dry_run) if step in planned else 0
+        reason = ("not in --only" if step not in planned else
+                  f"out of time: {left:.0f} s of the {budget} s budget left, {box:.0f} s after the later steps' "
+                  f"boxes; the step needs {step.min_s}" if box < step.min_s else None)
         if reason:
             row = {"step": step.name, "status": "skipped", "reason": reason, "headline": "", "seconds": 0.0,
                    "machine": machine}
             (out / step.file).write_text(json.dumps(row, indent=1, default=str))
         else:
             print(f"[{time.time() - t_start:6.0f} s] {step.name} (time box {box:.0f} s)", flush=True)
-            row = run_step(step, Context(out, work, args.dry_run, time.time() + box, env), box)
+            row = run_step(step, Context(out, work, args.dry_run, time.time() + box - STOP_S, env), box)
             machine = row["machine"] if "platform" in row["machine"] else machine
         rows.append({k: row.get(k) for k in ("step", "status", "reason", "headline", "seconds")})
         print(f"[{time.time() - t_start:6.0f} s] {step.name}: {row['status']} {row.get('headline') or ''}"
@@ -481,8 +618,8 @@ def orchestrate(args: argparse.Namespace) -> int:
     total = time.time() - t_start
     bad = [r["step"] for r in rows if r["status"] in ("failed", "timed_out")]
     summary = {"dry_run": args.dry_run, "budget_s": budget, "total_s": round(total, 1), "output": str(out),
-               "steps": [{**r, "file": s.file} for r, s in zip(rows, STEPS)], "ok": not bad, "machine": machine,
-               "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+               "setup": setup_summary(setup), "steps": [{**r, "file": s.file} for r, s in zip(rows, STEPS)],
+               "ok": not bad, "machine": machine, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     for tmp in out.glob("*.tmp"):   # a step killed while rewriting its JSON: OUT holds at most 8 files
         tmp.unlink(missing_ok=True)
@@ -494,12 +631,20 @@ def orchestrate(args: argparse.Namespace) -> int:
     return 0 if not bad else 1
 
 
+def setup_summary(setup: dict[str, Any]) -> dict[str, Any]:
+    """What summary.json says of the set-up: the environment step's JSON has it all, but that step may fail."""
+    wheels = setup.get("wheels") or {}
+    return {"wheels": {k: wheels.get(k) for k in ("count", "installer", "seconds", "pip_failed", "error")}
+            if wheels else None, "seconds": setup.get("seconds"), "missing": setup.get("missing"),
+            "hibert_from": setup.get("hibert_from")}
+
+
 def make_reference(args: argparse.Namespace) -> int:
     """The CPU loss curves step 4 compares against, written by this same code (device_steps.make_reference)."""
     args.dry_run = True   # CPU, gloo, DS_ACCELERATOR=cpu
     work = Path(args.work).resolve() if args.work else Path(tempfile.mkdtemp(prefix="hibert-device-reference-"))
     (work / "logs").mkdir(parents=True, exist_ok=True)
-    env, setup = step_env(args, work)
+    env, setup = step_env(args, work, SETUP_BOX_S)
     (work / "setup.json").write_text(json.dumps(setup))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--step", "make_reference", "--out", str(work),
            "--work", str(work), "--deadline", str(time.time() + 3600), "--dry-run"]

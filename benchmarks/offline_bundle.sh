@@ -11,7 +11,8 @@
 # to a lent machine (its copy holds 64 MiB): MLflow's tracking client and SQL stores (mlflow-skinny + SQLAlchemy +
 # Alembic) instead of the full mlflow, whose server, UI and data-science dependencies (pyarrow, scipy, pandas,
 # scikit-learn, matplotlib) the suite never imports; pytest and pytest-timeout for its CUDA tests. It prints the
-# bundle's size with the working tree's, against that limit, and fails above it.
+# bundle's size with the working tree's, against that limit, and fails above it. OUT is ignored by git (*.whl): name
+# it in the device call's carry list (benchmarks/README.md, "What to carry").
 set -euo pipefail
 SUITE=0
 if [ "${1:-}" = "--suite" ]; then SUITE=1; shift; fi

@@ -1,6 +1,6 @@
 """The runtime's CUDA step: the switches that keep host syncs out of it and torch.compile of the layers
 (`deepspeed.torch_compile`, inductor) compute what the eager step computes. Skipped where there is no GPU;
-benchmarks/device_suite.sh runs it (step 2)."""
+benchmarks/device_suite.sh runs it (step 5)."""
 import pytest
 import torch
 

@@ -92,7 +92,7 @@ class DeepSpeedConfig(Section):
     # needs it); fp32 never does.
     check_finite_grads: bool = True
     # torch.compile each Transformer layer (as torchtitan compiles each block); off until a GPU run measures it
-    # faster than eager (benchmarks/device_suite.sh step 3 runs both)
+    # faster than eager (benchmarks/device_suite.sh step 2 runs both)
     torch_compile: bool = False
     extra: dict[str, Any] = Field(default_factory=dict)  # merged last into the DeepSpeed JSON
 

@@ -8,18 +8,17 @@ import torch
 import torch.distributed as dist
 
 from hibert.runtime.host_memory import host_peak_rss_kib
-
-# Dense bf16 peak TFLOP/s per device, for MFU when tracking.peak_tflops is not set.
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
-
+from hibert.runtime.peak_flops import peak_tflops
 
 def default_peak_tflops(device: torch.device, configured: float | None) -> float | None:
+    """The dense bf16 peak MFU is counted against: tracking.peak_tflops where set, else the GPU's by peak_flops.py's
+    rules (name, memory, SM count: an H200 NVL is not counted at the SXM part's 989)."""
     if configured:
         return configured
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+    props = torch.cuda.get_device_properties(device)
+    return peak_tflops(props.name, props.total_memory / 2**30, props.multi_processor_count)["tflops"]
 
 
 def peak_memory_gb(device: torch.device) -> float:
