@@ -413,3 +413,25 @@ def test_a_served_request_is_bounded_in_rows_and_stops_past_the_servers_timeout(
     out = model.predict(pd.DataFrame({"text": ["A doc."] * 4}))
     assert len(out) == 4 and calls == [2, 2]
     assert _max_batch(None, "max_rows", 256) == 256
+
+
+def test_a_capped_validation_scores_only_documents_it_saw_whole():
+    """`schedule.eval_batches` draws some chunks of a long document and not others: the validation ROUGE leaves
+    such a document out (it used to fail on "2 scores for 4 sentences"), and says what to do when none is whole."""
+    from hibert.errors import UserError
+    from hibert.finetune.evaluation.report import Document
+    from hibert.finetune.extractive.evaluate import rouge_of_selection
+
+    class Chunks:   # chunks 0, 1: document a (2 sentences each); chunk 2: document b
+        def source_doc(self, i):
+            return "a" if i < 2 else "b"
+
+    a = Document("a", ["the cat sat .", "a dog ran .", "rain fell .", "sun shone ."], [["rain fell ."]], None)
+    b = Document("b", ["birds sang .", "trees grew ."], [["birds sang ."]], None)
+    half = {0: np.array([0.9, 0.1]), 2: np.array([0.8, 0.2])}   # a's second chunk not drawn
+    r = rouge_of_selection(Chunks(), half, 1, False, docs=[a, b])
+    assert r["rouge1_f"] == pytest.approx(100.0)                # b alone: it picks its reference
+    whole = {**half, 1: np.array([0.0, 0.95])}                   # a whole: it picks "sun shone .", not its reference
+    assert rouge_of_selection(Chunks(), whole, 1, False, docs=[a, b])["rouge1_f"] == pytest.approx(50.0)
+    with pytest.raises(UserError, match="eval_batches"):
+        rouge_of_selection(Chunks(), {0: np.array([0.9, 0.1])}, 1, False, docs=[a, b])

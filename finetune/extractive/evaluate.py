@@ -44,11 +44,15 @@ def system_summaries(docs: list[Document], scores: dict[str, np.ndarray], k: int
 
 def rouge_of_selection(dataset, chunk_scores: dict[int, np.ndarray], k: int, trigram_blocking: bool,
                        rouge: Rouge | None = None, docs: list[Document] | None = None) -> dict[str, float]:
-    """Mean ROUGE F1 of the top-k selection over the documents `chunk_scores` covers (`docs`: the split's
-    documents, when the caller has them already)."""
+    """Mean ROUGE F1 of the top-k selection over the documents `chunk_scores` covers whole (`docs`: the split's
+    documents, when the caller has them already). A validation capped at `schedule.eval_batches` scores some
+    chunks of a long document and not others (its batches are drawn across the split): such a document is left
+    out, not scored on the sentences of its first chunks alone."""
     docs = list(documents(dataset)) if docs is None else docs
     scores = chunk_to_doc_scores(dataset, chunk_scores)
-    docs = [d for d in docs if d.doc_id in scores]
+    docs = [d for d in docs if d.doc_id in scores and len(scores[d.doc_id]) == len(d.sentences)]
+    if not docs:
+        raise UserError("no document has every chunk scored: raise schedule.eval_batches (or leave it unset)")
     per_doc = (rouge or Rouge()).score_corpus(system_summaries(docs, scores, k, trigram_blocking),
                                               [d.references for d in docs])
     return {m: float(v.mean()) for m, v in per_doc.items()}
