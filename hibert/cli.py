@@ -44,6 +44,8 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
                "(prep -> merge -> pretrain -> finetune -> evaluate) to Slurm.", True),
     "demo": ("hibert.slurm.local:run", "Run a recipe's staged pipeline locally (default: the demo on the shipped sample: "
              "prep -> pretraining -> finetuning -> evaluation -> summaries) and show the results.", False),
+    "serve": ("hibert.finetune.serving.server:run", "Serve a finetuned model over HTTP: MLflow's scoring server "
+              "(/invocations) behind a guard that bounds the body and answers malformed requests in one line.", False),
     "export-hf": ("hibert.hf_export.cli:run", "Write an encoder export (or a models:/ reference) as a Hugging Face "
                   "folder: config.json, model.safetensors, remote code, tokenizer and model card "
                   "(AutoModel.from_pretrained(..., trust_remote_code=True)).", False),

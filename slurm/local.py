@@ -410,8 +410,8 @@ def serve_lines(exports: list[Path], uri: str) -> list[str]:
         if note:
             lines.append(f"  not served:   {ref}: {note.split(':')[0]} (its registered version says so)")
             continue
-        lines.append(f"  serve:        . .venv/bin/activate && MLFLOW_TRACKING_URI={redact_uri(uri)} mlflow models serve "
-                     f"-m {ref} --env-manager local -p {port}   (then POST /invocations: README, Serving)")
+        lines.append(f"  serve:        MLFLOW_TRACKING_URI={redact_uri(uri)} .venv/bin/hibert serve {ref} --port {port}"
+                     "   (then POST /invocations: docs/serving.md)")
         port += 1
     return lines
 

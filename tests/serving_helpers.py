@@ -50,22 +50,26 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def served(model_uri: str, tracking_uri: str, log: Path, timeout: float = 180):
-    """Yields the server's base URL once /ping answers 200."""
+def served(model_uri: str, tracking_uri: str, log: Path, timeout: float = 180, hibert: bool = False,
+           extra: tuple[str, ...] = ()):
+    """Yields the server's base URL once /ping answers 200: `mlflow models serve`, or `hibert serve` (`extra`: its
+    flags)."""
     port = free_port()
     # the server execs `uvicorn` by name: the venv's bin first on PATH, as an activated venv has it
     env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_REGISTRY_URI": tracking_uri,
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     with open(log, "w") as out:
-        proc = subprocess.Popen([*MLFLOW, "models", "serve", "-m", model_uri, "--env-manager", "local",
-                                 "-h", "127.0.0.1", "-p", str(port), "-w", "1"], stdout=out,
+        command = ([sys.executable, "-m", "hibert.cli", "serve", model_uri, "--port", str(port), *extra] if hibert
+                   else [*MLFLOW, "models", "serve", "-m", model_uri, "--env-manager", "local", "-h", "127.0.0.1",
+                         "-p", str(port), "-w", "1"])
+        proc = subprocess.Popen(command, stdout=out,
                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + timeout
         while True:
             if proc.poll() is not None:
-                raise AssertionError(f"mlflow models serve exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+                raise AssertionError(f"{command[2:4]} exited {proc.returncode}:\n{log.read_text()[-3000:]}")
             try:
                 with urllib.request.urlopen(f"{url}/ping", timeout=2) as r:
                     if r.status == 200:

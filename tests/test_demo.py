@@ -40,7 +40,7 @@ def test_demo_pipeline_runs_every_stage_and_reuses_them(tmp_path, repo):
     # where the output viewer is; the model to serve is the extractive one (the abstractive one cannot write yet,
     # and its registered version says so)
     assert f"viewer:       {tmp_path / 'finetune-abs' / 'report-test' / 'viewer.html'}" in out.stdout
-    assert "mlflow models serve -m models:/hibert-extractive/1 --env-manager local" in out.stdout
+    assert ".venv/bin/hibert serve models:/hibert-extractive/1 --port" in out.stdout
     assert "not served:   models:/hibert-abstractive/1: this model's decoder cannot write yet" in out.stdout
     from hibert.registry import client
 

@@ -365,6 +365,36 @@ def test_served_extractive_model_refuses_what_the_cli_refuses_with_our_message(f
             assert "Failed to predict" not in body["message"] and "Rain fell" not in body["message"]
 
 
+def test_hibert_serve_answers_malformed_requests_in_one_line_and_bounds_the_body(finetuned, tmp_path):
+    """`hibert serve`: MLflow's scoring server behind a guard. A param of the wrong type, no rows, JSON that does not
+    parse or is 100,000 deep are a 400 naming what is wrong (never MLflow's "Failed to predict data", an echo of the
+    body, or a 500); a body above --max-body-mb is a 413; a good request is answered as `mlflow models serve` does."""
+    from serving_helpers import invoke, served
+
+    root, _ = finetuned
+    rows = {"dataframe_records": [{"id": "a", "text": "Rain fell for a week. Rivers rose. Two bridges closed."}]}
+    with served("models:/hibert-extractive@finetuned", f"sqlite:///{root / 'mlflow.db'}", tmp_path / "serve.log",
+                hibert=True, extra=("--max-body-mb", "1")) as url:
+        status, body = invoke(url, {**rows, "params": {"k": 2}})
+        assert status == 200 and len(body["predictions"][0]["summary"]) == 2, body
+        bad = [({**rows, "params": {"k": "abc"}}, 'params.k "abc": must be an integer'),
+               ({**rows, "params": {"k": 2.5}}, "params.k 2.5: must be an integer"),
+               ({**rows, "params": {"k": True}}, "params.k true: must be an integer"),
+               ({**rows, "params": {"k": [1, 2]}}, "params.k [1, 2]: must be an integer"),
+               ({**rows, "params": {"k": 0}}, "params.k 0: must be >= 1"),        # the pyfunc's own bound, behind it
+               ({"dataframe_records": []}, "dataframe_records is empty"),
+               (b'{"dataframe_records": [{"text": "Rain fell."' + b" " * 500_000, "the request is not JSON"),
+               (b"[" * 100_000 + b"]" * 100_000, "the request's JSON is nested too deep")]
+        for payload, says in bad:
+            status, body = invoke(url, payload)
+            assert status == 400 and body["message"].startswith(says), (says, status, str(body)[:300])
+            assert "Failed to predict" not in body["message"] and len(body["message"]) < 300, body
+        status, body = invoke(url, b'{"dataframe_records": "' + b"x" * (2 * 2**20) + b'"}')
+        assert status == 413 and "at most 1,048,576" in body["message"], str(body)[:300]
+        status, body = invoke(url, {**rows, "params": {"k": 1}})   # and it keeps answering
+        assert status == 200 and len(body["predictions"][0]["summary"]) == 1, body
+
+
 def test_summarize_a_corpus_streams_resumes_after_kill9_and_splits_over_processes(finetuned, tmp_path):
     """`hibert summarize --output` on a JSONL corpus with bad records (one output line each, counted), killed
     -9 mid-run with a line cut in a part file, resumed: byte-identical to the uninterrupted output, in input
