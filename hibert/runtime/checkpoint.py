@@ -29,7 +29,7 @@ record and the zip directory (names, offsets, CRC-32 of every record) at the end
 together with the exact size. This guards against loading what our jobs did not write by accident
 (foreign or stale directories, partial copies, swapped shards); it is not a signature: whoever can write
 the checkpoint dir can also write a matching marker, so that directory must be writable only by the
-jobs' owner (see README, "Resume and preemption").
+jobs' owner (see docs/cluster.md, "Resume and preemption").
 
 Only the last `keep_last` tags with our marker are kept (others are never deleted). Training state we
 need (step, epoch, consumed micro-batches, seeds, MLflow run id, config hash) lives in COMPLETE.json,
