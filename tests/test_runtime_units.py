@@ -268,7 +268,7 @@ def test_prune_sets_aside_tags_past_the_one_written_and_restate_never_removes_a_
     """keep_last 1, a good tag at 2000 and a corrupt one at 2500 (a resume skipped it), then 2200 written: 2200
     stays (the corrupt 2500 used to outrank it and have it deleted) and 2500 is set aside. Marking the run finished
     in 2200 rewrites its marker in place instead of deleting and rewriting the only checkpoint."""
-    from hibert.runtime.checkpoint import SUPERSEDED, CheckpointManager, _read_marker, tag_for, verify, write_marker
+    from hibert.runtime.checkpoint import SUPERSEDED, CheckpointManager, read_marker, tag_for, verify, write_marker
 
     def tag(step: int, corrupt: bool = False) -> Path:
         d = tmp_path / tag_for(step)
@@ -285,7 +285,7 @@ def test_prune_sets_aside_tags_past_the_one_written_and_restate_never_removes_a_
     mgr._prune(current)
     assert sorted(p.name for p in tmp_path.iterdir()) == [tag_for(2200), SUPERSEDED + tag_for(2500)]
     assert mgr.restate(2200, {"global_step": 2200, "finished": True})
-    assert _read_marker(current)["state"]["finished"] and verify(current)[0]
+    assert read_marker(current)["state"]["finished"] and verify(current)[0]
     assert not mgr.restate(2300, {}) and not CheckpointManager(tmp_path, 1, 0, world_size=2).restate(2200, {})
 
 
@@ -584,3 +584,41 @@ def test_a_steady_state_step_through_the_deepspeed_engine_never_syncs_the_device
     assert out.returncode == 0, out.stderr[-3000:]
     steps = eval(out.stdout.strip().splitlines()[-1].removeprefix("steps "))
     assert steps == [(0, 0)] * 4, steps
+
+
+def test_the_global_batch_is_the_setting_the_checkpoint_or_the_first_start_and_accumulation_follows(tmp_path):
+    """schedule.global_batch (M micro-batches a step) wins; else the resumed checkpoint's M; else ranks x grad_accum.
+    Each rank accumulates M / ranks; a world size that does not divide M is one line naming those that do."""
+    from hibert.config import Config
+    from hibert.errors import UserError
+    from hibert.runtime.checkpoint import tag_for, write_marker
+    from hibert.runtime.global_batch import micro_batch_seed, resolve_global_batch, saved_global_batch
+
+    cfg = Config()
+    cfg.schedule.grad_accum = 2
+    got, source = resolve_global_batch(cfg, 2, None)
+    assert (got.schedule.global_batch, got.schedule.grad_accum) == (4, 2) and "grad_accum=2" in source
+    got, source = resolve_global_batch(cfg, 1, 4)                 # a requeue on half the ranks: the checkpoint's 4
+    assert (got.schedule.global_batch, got.schedule.grad_accum, source) == (4, 4, "the checkpoint it resumes")
+    cfg.schedule.global_batch = 6
+    assert resolve_global_batch(cfg, 3, 4)[0].schedule.grad_accum == 2   # the setting over the checkpoint
+    with pytest.raises(UserError, match=r"6 micro-batches \(schedule.global_batch\) cannot be split over 4 ranks: "
+                                        r"run on 1, 2, 3, 6 ranks"):
+        resolve_global_batch(cfg, 4, None)
+    assert cfg.schedule.grad_accum == 2                            # the given config is not changed
+    # the checkpoint's: the newest complete tag's marker, or the one checkpoint.resume names; none when "never"
+    cfg = Config()
+    cfg.run.output_dir, cfg.run.name = str(tmp_path), "r"
+    assert saved_global_batch(cfg, True) is None
+    for step, micro in ((2, 4), (4, 8)):
+        tag = cfg.checkpoint_dir / tag_for(step)
+        tag.mkdir(parents=True)
+        write_marker(tag, step=step, world_size=2, state={"micro_per_step": micro})
+    assert saved_global_batch(cfg, True) == 8
+    cfg.checkpoint.resume = tag_for(2)
+    assert saved_global_batch(cfg, True) == 4
+    cfg.checkpoint.resume = "never"
+    assert saved_global_batch(cfg, True) is None
+    # one dropout seed per micro-batch of the plan: distinct across indices, epochs and runs, within 63 bits
+    seeds = {micro_batch_seed(r, e, k) for r in (1, 2) for e in range(3) for k in range(1000)}
+    assert len(seeds) == 6000 and max(seeds) < 2**63 and micro_batch_seed(1, 0, 5) == micro_batch_seed(1, 0, 5)

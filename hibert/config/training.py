@@ -61,6 +61,10 @@ class ScheduleConfig(Section):
     batch_tokens: int = Field(8192, ge=1)  # real tokens per micro-batch per rank
     max_docs_per_batch: int = Field(256, ge=1)
     grad_accum: int = Field(1, ge=1)
+    # micro-batches per optimizer step over all ranks: the global batch, kept on any world size (accumulation is
+    # derived: global_batch / ranks). Unset: the resumed checkpoint's, else ranks x grad_accum at the first start
+    # (hibert/runtime/global_batch.py)
+    global_batch: int | None = Field(None, ge=1)
     log_every: int = Field(10, ge=1)
     eval_every: int = Field(1000, ge=0)    # 0 = evaluate only at the end
     eval_batches: int | None = Field(None, ge=1)  # None -> the whole validation split
@@ -128,9 +132,9 @@ class DeepSpeedConfig(Section):
 
 
 _DERIVED_DS_KEYS = {
-    "train_batch_size": "schedule.batch_tokens and schedule.grad_accum",
+    "train_batch_size": "schedule.batch_tokens and schedule.global_batch",
     "train_micro_batch_size_per_gpu": "schedule.batch_tokens",
-    "gradient_accumulation_steps": "schedule.grad_accum",
+    "gradient_accumulation_steps": "schedule.grad_accum (or schedule.global_batch)",
     "gradient_clipping": "optimizer.grad_clip",
 }
 

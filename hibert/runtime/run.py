@@ -36,6 +36,7 @@ from hibert.registry import check_reachable, check_store_location, resolve_model
 from hibert.runtime.dist_env import REQUEUE_EXIT_CODE, TRACKING_PENDING_EXIT_CODE
 from hibert.runtime.engine import init_distributed
 from hibert.runtime.export import InitModel, read_export
+from hibert.runtime.global_batch import resolve_global_batch, saved_global_batch
 from hibert.runtime.launch import relaunch
 from hibert.runtime.outbox import OUTBOX
 from hibert.runtime.preemption import preemption_flag
@@ -149,6 +150,11 @@ def run_task(cfg: Config, inputs: RunInputs, task: Task, command: str) -> int:
     """Train `task` with the shared Trainer; exit code 75 (requeue) when preempted."""
     trainer = None
     try:
+        # the global batch for this world size (a resume on another one keeps the checkpoint's)
+        cfg, source = resolve_global_batch(cfg, inputs.rt.world_size, saved_global_batch(cfg, inputs.rt.is_main))
+        if inputs.rt.is_main:
+            log.info("global batch: %d micro-batches (%s): %d accumulated on each of %d rank(s)",
+                     cfg.schedule.global_batch, source, cfg.schedule.grad_accum, inputs.rt.world_size)
         trainer = Trainer(cfg, task, inputs.rt, inputs.train, inputs.valid, init=inputs.init)
         result = trainer.fit()
     except NothingTrained as e:

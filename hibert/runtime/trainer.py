@@ -21,6 +21,7 @@ from hibert.runtime.batching import BatchPlan, doc_costs, plan_epoch
 from hibert.runtime.checkpoint import CheckpointManager
 from hibert.runtime.compile import compile_layers
 from hibert.runtime.engine import Runtime, build_engine
+from hibert.runtime.global_batch import micro_batch_seed
 from hibert.runtime.export import InitModel
 from hibert.runtime.loader import make_loader
 from hibert.runtime.metrics import (
@@ -107,8 +108,11 @@ class Trainer:
         self.engine = build_engine(cfg, self.model, rt, groups)
         # groups with their own lr (e.g. encoder / decoder): one lr_<prefix> metric each
         self.lr_names = [g.name.split(".")[0] for g in groups]
-        torch.manual_seed(cfg.run.seed + 7919 * (rt.rank + 1))  # dropout differs across ranks
-        self.state = TrainState(seed=s.seed, config_hash=config_hash(cfg), world_size=rt.world_size,
+        torch.manual_seed(cfg.run.seed + 7919 * (rt.rank + 1))  # anything random outside a micro-batch's step
+        # the accumulation is derived from the global batch for this world size (global_batch.py): not part of
+        # what a resume on another world size must match
+        hashed = cfg.model_copy(update={"schedule": s.model_copy(update={"grad_accum": 1})})
+        self.state = TrainState(seed=s.seed, config_hash=config_hash(hashed), world_size=rt.world_size,
                                 micro_per_step=rt.world_size * s.grad_accum)
         self.checkpointer = Checkpointer(
             CheckpointManager(cfg.checkpoint_dir, cfg.checkpoint.keep_last, rt.rank, rt.world_size),
@@ -202,8 +206,15 @@ class Trainer:
             # a chosen (older) tag or another config: the steps after it are a new timeline, not a replay of
             # what was logged, and are logged again
             self.tracker.new_timeline_after(saved.global_step)
-        if old_micro != state.micro_per_step:  # keep the position in the data stream, counted in micro-batches
+        if old_micro != state.micro_per_step:
+            # schedule.global_batch was changed for the resume: the position is kept in micro-batches, to the
+            # step that holds it (any world size with the same global batch resumes exactly)
             state.step_in_epoch = saved.step_in_epoch * old_micro // state.micro_per_step
+            if self.rt.is_main:
+                log.warning("the global batch changed from %d to %d micro-batches: resuming at step %d of the epoch "
+                            "(micro-batch %d; the checkpoint was at %d)", old_micro, state.micro_per_step,
+                            state.step_in_epoch, state.step_in_epoch * state.micro_per_step,
+                            saved.step_in_epoch * old_micro)
         self.validator.restore()
         self.checkpointer.last_saved = state.global_step   # this step's tag holds these weights
         if self.rt.is_main:
@@ -216,10 +227,14 @@ class Trainer:
         the update on the last one). Returns the task's statistics, still on the device."""
         stats: dict[str, torch.Tensor] = {}
         clock = PhaseClock(window, self.rt.device, self.cfg.tracking.step_breakdown)
-        for _ in range(self.cfg.schedule.grad_accum):
+        for slot in range(self.cfg.schedule.grad_accum):
             t0 = time.perf_counter()
             item = next(batches).to(self.rt.device)
             wait = time.perf_counter() - t0
+            # dropout by the micro-batch's index in the plan (BatchPlan.micro_batch), not by rank: the same
+            # masks on any world size
+            index = self.state.step_in_epoch * self.state.micro_per_step + slot * self.rt.world_size + self.rt.rank
+            torch.manual_seed(micro_batch_seed(self.cfg.run.seed, self.state.epoch, index))
             clock.start()
             loss, item_stats = self.task.loss(self.engine, item)
             clock.lap("forward")
@@ -427,7 +442,8 @@ class Trainer:
             "ZeRO stage": cfg.deepspeed.zero_stage,
             "precision": rt.precision,
             "tokens per step": f"<= {s.batch_tokens * rt.world_size * s.grad_accum:,} "
-                               f"({s.batch_tokens:,} x {rt.world_size} ranks x {s.grad_accum} accumulation)",
+                               f"({s.batch_tokens:,} x {rt.world_size} ranks x {s.grad_accum} accumulation: a global "
+                               f"batch of {rt.world_size * s.grad_accum} micro-batches)",
             "total steps": f"{'' if run.exact else '~'}{run.total_steps} ({s.epochs} epochs, "
                            f"{run.first.steps} steps in epoch {state.epoch}'s plan"
                            f"{'' if run.exact else '; later epochs estimated from it'}"
