@@ -364,9 +364,11 @@ class CheckpointManager:
                 if last_lr is not None:
                     g["lr"] = last_lr[i]
             if self.rank == 0:
-                log.warning("ZeRO-3 on another world size: DeepSpeed's universal load does not restore the optimizer "
-                            "exactly (weights ~1e-4 off an uninterrupted run two steps later in the tests, against "
-                            "1e-6 for ZeRO-2); resume on %s rank(s) to continue exactly", c.state.get("world_size"))
+                # upstream: ZeRO-3 universal checkpoints assume one param group (DeepSpeed PR #7585's discussion)
+                log.warning("ZeRO-3 on another world size: DeepSpeed's universal load does not restore an optimizer "
+                            "with several param groups exactly (weights ~1e-4 off an uninterrupted run two steps "
+                            "later in the tests, against 1e-6 for ZeRO-2); resume on %s rank(s) to continue exactly",
+                            c.state.get("world_size"))
         return path
 
     def resume(self, engine, explicit: str | None = None) -> Resumable | None:
