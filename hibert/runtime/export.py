@@ -40,12 +40,6 @@ class InitModel:
     meta: dict[str, Any]             # export.json
     local_dir: Path
 
-    def __iter__(self):              # (state, model config, meta, dir), as older callers unpack it
-        return iter((self.state, self.model_cfg, self.meta, self.local_dir))
-
-    def __getitem__(self, i: int):
-        return tuple(self)[i]
-
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
     """A safetensors file; a missing, truncated or foreign one is one `UserError` line naming it."""

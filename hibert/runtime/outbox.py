@@ -147,10 +147,6 @@ def batches(ops: list[dict[str, Any]]) -> list[tuple[int, int]]:
     return out
 
 
-class Unreachable(Exception):
-    """The server did not answer: the operation stays in the outbox."""
-
-
 def http_status(e: BaseException) -> int | None:
     """The HTTP status an exception carries: an MlflowException's (500 when MLflow wraps a connection failure
     or exhausted retries), a requests HTTPError's (the artifact proxy raises those); None for anything else."""
