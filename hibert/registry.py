@@ -283,6 +283,16 @@ def parse_models_ref(ref: str | None) -> tuple[str, str | None, str | None] | No
     return (m["name"], m["alias"], m["version"]) if m else None
 
 
+def check_model_ref(ref: str, example: str = "models:/hibert-abstractive@finetuned") -> tuple[str, str | None, str | None]:
+    """A registry reference's (name, alias, version), or one `UserError` line saying how to write it: the one check
+    of its form (the launcher's `run.init` check and `resolve_model` both use it)."""
+    parsed = parse_models_ref(ref)
+    if parsed is None or (parsed[2] is not None and not parsed[2].isdigit()):
+        raise UserError(f"model reference {ref!r}: write models:/<name>@<alias> or models:/<name>/<version number> "
+                        f"(e.g. {example})")
+    return parsed
+
+
 def resolve_model(ref: str, uri: str, dst: str | Path | None = None) -> Path:
     """`models:/name@alias`, `models:/name/3` or a local directory -> local directory with the files. A
     reference that cannot resolve is one `UserError` line naming it and the store, and writes nothing: a
@@ -293,10 +303,7 @@ def resolve_model(ref: str, uri: str, dst: str | Path | None = None) -> Path:
         if not path.is_dir():
             raise FileNotFoundError(f"model reference {ref!r} is neither models:/... nor a directory")
         return path
-    parsed = parse_models_ref(ref)
-    if parsed is None or (parsed[2] is not None and not parsed[2].isdigit()):
-        raise UserError(f"model reference {ref!r}: write models:/<name>@<alias> or models:/<name>/<version number> "
-                        "(e.g. models:/hibert-abstractive@finetuned)")
+    parsed = check_model_ref(ref)
     check_reachable(uri)
     db = sqlite_path(uri)
     if db is not None and not db.is_file():

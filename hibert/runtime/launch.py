@@ -21,7 +21,7 @@ from pathlib import Path
 from hibert.config import Config, save_resolved
 from hibert.errors import UserError
 from hibert.redact import redact_uri
-from hibert.registry import check_reachable, client, parse_models_ref, sqlite_path, tracking_uri
+from hibert.registry import check_model_ref, check_reachable, client, sqlite_path, tracking_uri
 from hibert.runtime.dist_env import REQUEUE_EXIT_CODE, TRACKING_PENDING_EXIT_CODE
 
 
@@ -121,10 +121,7 @@ def check_init_reference(ref: str | None, uri: str) -> None:
         if not Path(ref).is_dir():
             raise UserError(f"run.init={ref}: neither a models:/ reference nor a directory")
         return
-    parsed = parse_models_ref(ref)
-    if parsed is None or (parsed[2] is not None and not parsed[2].isdigit()):
-        raise UserError(f"model reference {ref!r}: write models:/<name>@<alias> or models:/<name>/<version number> "
-                        "(e.g. models:/hibert-encoder@in-domain)")
+    parsed = check_model_ref(ref, example="models:/hibert-encoder@in-domain")
     db = sqlite_path(uri)
     if db is not None and not db.is_file():  # not created by looking
         raise UserError(f"model reference {ref!r}: there is no registry at {db} (nothing was trained there); "
