@@ -26,24 +26,22 @@ def test_step_line_starts_with_progress_then_loss_and_has_eta():
 
 def _planner(costs, epochs: int, max_steps: int | None = None, epoch: int = 0, step_in_epoch: int = 0,
              global_step: int = 0):
-    """Just what `Trainer.plan` and `Trainer.total_steps` read."""
+    """The run planner on a schedule, the documents' costs, 2 ranks and a position."""
+    from hibert.config.training import ScheduleConfig
+    from hibert.runtime.run_plan import RunPlanner
     from hibert.runtime.train_state import TrainState
-    from hibert.runtime.trainer import Trainer
 
-    schedule = SimpleNamespace(seed=3, batch_tokens=1000, max_docs_per_batch=64, grad_accum=1, epochs=epochs,
-                               max_steps=max_steps)
-    t = SimpleNamespace(cfg=SimpleNamespace(schedule=schedule), costs=costs, rt=SimpleNamespace(world_size=2),
-                        state=TrainState(epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step))
-    t.plan = lambda e: Trainer.plan(t, e)
-    t._max_steps = lambda: max_steps
-    t.total = lambda: Trainer.total_steps(t, t.plan(t.state.epoch))
+    schedule = ScheduleConfig(seed=3, batch_tokens=1000, max_docs_per_batch=64, grad_accum=1, epochs=epochs,
+                              max_steps=max_steps)
+    t = RunPlanner(schedule, costs, 2, TrainState(epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step))
+    t.total = lambda: t.total_steps(t.plan(t.state.epoch))
     return t
 
 
 def test_planned_total_counts_each_epochs_own_plan_fresh_and_resumed(monkeypatch):
     import numpy as np
 
-    import hibert.runtime.trainer as trainer
+    import hibert.runtime.run_plan as trainer
 
     costs = np.random.default_rng(0).integers(20, 300, 1000)
     steps = [_planner(costs, 5).plan(e).steps for e in range(5)]

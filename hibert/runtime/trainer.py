@@ -17,12 +17,12 @@ import torch
 
 from hibert.config import Config, config_hash, save_resolved
 from hibert.redact import redact_uri
-from hibert.runtime.batching import BatchPlan, doc_costs, plan_epoch
+from hibert.runtime.batching import BatchPlan, doc_costs
 from hibert.runtime.checkpoint import CheckpointManager
 from hibert.runtime.compile import compile_layers
 from hibert.runtime.engine import Runtime, build_engine
-from hibert.runtime.global_batch import micro_batch_seed
 from hibert.runtime.export import InitModel
+from hibert.runtime.global_batch import micro_batch_seed
 from hibert.runtime.loader import make_loader
 from hibert.runtime.metrics import (
     PhaseClock,
@@ -34,6 +34,7 @@ from hibert.runtime.metrics import (
 )
 from hibert.runtime.preemption import preemption_flag
 from hibert.runtime.publish import manifest_hash, publish
+from hibert.runtime.run_plan import RunPlan, RunPlanner
 from hibert.runtime.step_log import StepLog, banner
 from hibert.runtime.task import Task
 from hibert.runtime.tracking import Tracker
@@ -41,10 +42,6 @@ from hibert.runtime.train_state import TrainState
 from hibert.runtime.validation import Validator, all_sum, eval_context
 
 log = logging.getLogger("hibert.train")
-
-# The planned total counts every later epoch's batches exactly up to this many documents x epochs to plan
-# (~1 s of start-up on one core); a Gigaword-sized run estimates the later epochs from the current one instead.
-_EXACT_PLAN_DOCS = 2_000_000
 
 
 @dataclass
@@ -55,14 +52,6 @@ class TrainResult:
     metrics: dict[str, float]
     registered_version: str | None = None
     tracking_pending: int = 0          # operations left in the run's outbox (tracking server away)
-
-
-@dataclass
-class RunPlan:
-    """What is left of a run, decided before the loop (`Trainer.plan_run`)."""
-    first: BatchPlan                   # the current epoch's batches (training goes on at state.step_in_epoch)
-    total_steps: int                   # optimizer steps the run will have taken at its end
-    exact: bool                        # False: the later epochs' lengths are estimated from this one's
 
 
 class Checkpointer:
@@ -125,49 +114,9 @@ class Trainer:
                                    s.early_stop_patience, cfg.checkpoint.keep_best)
         self.last_metrics: dict[str, float] = {}
         self.costs = doc_costs(train_data.doc_num_tokens, train_data.doc_num_sentences)
+        self.planner = RunPlanner(s, self.costs, rt.world_size, self.state)
         # training statistics of the steps since the last logged one, still on the device
         self.unlogged: dict[str, torch.Tensor] = {}
-
-    # ---------------------------------------------------------------- planning
-    def plan(self, epoch: int) -> BatchPlan:
-        s = self.cfg.schedule
-        return plan_epoch(self.costs, seed=s.seed, epoch=epoch, batch_tokens=s.batch_tokens,
-                          max_docs=s.max_docs_per_batch, world=self.rt.world_size, accum=s.grad_accum)
-
-    def _max_steps(self) -> int | None:
-        return self.cfg.schedule.max_steps
-
-    def total_steps(self, plan: BatchPlan) -> tuple[int, bool]:
-        """(optimizer steps the whole run will take, whether that count is exact), capped by max_steps.
-
-        Epochs differ in length: each plans its own shuffle into token-budget batches. The count is exact
-        when the later epochs are cheap to plan (they are deterministic: seed and epoch) — at most
-        `_EXACT_PLAN_DOCS` documents x epochs left; beyond that, this epoch's length stands for the rest."""
-        s, m = self.cfg.schedule, self._max_steps()
-        this_epoch = self.state.global_step + max(0, plan.steps - self.state.step_in_epoch)
-        if m and this_epoch >= m:
-            return m, True
-        epoch, left = self.state.epoch, max(0, s.epochs - self.state.epoch - 1)
-        exact = len(self.costs) * left <= _EXACT_PLAN_DOCS
-        later = sum(self.plan(e).steps for e in range(epoch + 1, s.epochs)) if exact else plan.steps * left
-        return (min(this_epoch + later, m) if m else this_epoch + later), exact
-
-    def _horizon_reached(self) -> bool:
-        m = self._max_steps()
-        return bool(m) and self.state.global_step >= m
-
-    def _steps_left(self) -> bool:
-        return self.state.epoch < self.cfg.schedule.epochs and not self._horizon_reached()
-
-    def _nothing_left(self) -> bool:
-        """No step is left to train: the last epoch or max_steps reached, or the run stopped early (started again,
-        e.g. a requeue, it must not train past its stop)."""
-        s, state = self.cfg.schedule, self.state
-        if not self._steps_left() or state.early_stopped:
-            return True
-        # a run that stopped at max_steps on the last step of its last epoch has no step left either (its epoch
-        # counter was not advanced): a longer max_steps does not make it train, evaluate or register again
-        return state.finished and state.epoch == s.epochs - 1 and state.step_in_epoch >= self.plan(state.epoch).steps
 
     @property
     def _registered(self) -> Path:
@@ -179,13 +128,13 @@ class Trainer:
         A finished run given a longer schedule trains on: its final evaluation and export are redone at the new
         end (kept, they would label the new weights with the old end's metrics). A finished run whose export did
         not complete publishes only (`_finish`)."""
-        state, nothing_left = self.state, self._nothing_left()
+        state, nothing_left = self.state, self.planner.nothing_left()
         if state.finished and not nothing_left:
             state.finished, state.final_metrics = False, None
         elif state.finished and self._registered.is_file():
             return None
-        first = self.plan(state.epoch)
-        return RunPlan(first, *self.total_steps(first))
+        first = self.planner.plan(state.epoch)
+        return RunPlan(first, *self.planner.total_steps(first))
 
     # ---------------------------------------------------------------- resume
     def _resume(self) -> None:
@@ -329,14 +278,14 @@ class Trainer:
         status = "early_stopped" if self.state.early_stopped else "finished"
         plan, epoch, it = run.first, self.state.epoch, None
         try:
-            while status == "finished" and self._steps_left():
+            while status == "finished" and self.planner.steps_left():
                 epoch = self.state.epoch
-                plan = plan if plan is not None else self.plan(epoch)
+                plan = plan if plan is not None else self.planner.plan(epoch)
                 self._close(it)
                 it = self._batches(plan, epoch)
                 for _ in range(self.state.step_in_epoch, plan.steps):
                     status = self._step(it, window, epoch)
-                    if status != "finished" or self._horizon_reached():
+                    if status != "finished" or self.planner.horizon_reached():
                         break
                 else:  # the epoch ran to its end
                     self.state.epoch += 1
