@@ -7,8 +7,8 @@
 #   bash docs/results/make_cnndm40k_finetune.sh open-in-p1 full 1,2,3     # starts from docs/results/encoders/cnndm40k-open-in-p1
 # ARM: random, or <encoder arm>-p<pretraining seed> of a committed encoder; LABELS: full (39,361), 5k, 1k.
 # Extra overrides after the seeds (e.g. optimizer.lr=5e-4) are passed to every finetuning; name the arm for them
-# with ARM_NAME=... so that its runs and results file are its own; RESULTS=FILE writes the comparison elsewhere.
-# Resumable: rerun the same command.
+# with ARM_NAME=... so that its runs and results file are its own; COMPARE=0 trains and evaluates without writing
+# the comparison (make_cnndm40k.sh compares its pair itself). Resumable: rerun the same command.
 set -euo pipefail
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
 ARM=${1:?arm}; LABELS=${2:?labels: full, 5k or 1k}; SEEDS=${3:?seeds, e.g. 1,2,3}; shift 3
@@ -40,6 +40,7 @@ for S in ${SEEDS//,/ }; do
   [[ -f $OUT/seed$S/report-test/report.json ]] || "$PY" -m hibert.cli evaluate "${COMMON[@]}" --split test
   SYSTEMS+=("$NAME=$OUT/seed$S")
 done
+[[ ${COMPARE:-1} == 1 ]] || exit 0
 REF=${SYSTEMS[0]#*=}
 .venv/bin/hibert compare "${SYSTEMS[@]}" "lead3=$REF#lead3" "oracle=$REF#oracle" --split test \
-    --results "${RESULTS:-docs/results/cnndm40k-$LABELS-$NAME.json}"
+    --results "docs/results/cnndm40k-$LABELS-$NAME.json"
