@@ -15,6 +15,7 @@ for LABELS in full 5k 1k; do
     for F in "$R"/cnndm40k-"$LABELS"-"$ARM"-p*.json; do
       [[ -f $F ]] || continue
       UNIT=$(basename "$F" .json); UNIT=${UNIT#cnndm40k-$LABELS-}
+      [[ $UNIT =~ ^$ARM-p[0-9]+$ ]] || continue   # a diagnostic arm (ARM_NAME=...-frozen) is not this arm
       ARGS+=("$ARM=$F#$UNIT")
     done
   done
