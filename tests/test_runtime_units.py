@@ -620,3 +620,41 @@ def test_the_global_batch_is_the_setting_the_checkpoint_or_the_first_start_and_a
     # one dropout seed per micro-batch of the plan: distinct across indices, epochs and runs, within 63 bits
     seeds = {micro_batch_seed(r, e, k) for r in (1, 2) for e in range(3) for k in range(1000)}
     assert len(seeds) == 6000 and max(seeds) < 2**63 and micro_batch_seed(1, 0, 5) == micro_batch_seed(1, 0, 5)
+
+
+Z3_UNIVERSAL_CHILD = textwrap.dedent("""
+    import torch
+    from pathlib import Path
+    from hibert.config import load_config
+    from hibert.runtime.engine import build_engine, init_distributed
+    from hibert.runtime.checkpoint import CheckpointManager, Resumable
+
+    cfg = load_config(None, ["deepspeed.zero_stage=3", "schedule.warmup_steps=2", "optimizer.weight_decay=0.01"])
+    rt = init_distributed(cfg)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    engine = build_engine(cfg, model, rt)     # two param groups: decay (weights), no_decay (biases)
+    x = torch.randn(4, 8)
+    for _ in range(2):
+        engine.backward(engine(x).pow(2).mean())
+        engine.step()
+    lr = getattr(engine.optimizer, "optimizer", engine.optimizer).param_groups[0]["lr"]
+    manager = CheckpointManager(Path("ckpt"), 2, 0, 1)
+    path = manager.save(engine, 2, {"world_size": 1})
+    manager._load_universal(engine, Resumable(path.name, path, {"world_size": 2}))   # as if 2 ranks wrote it
+    groups = getattr(engine.optimizer, "optimizer", engine.optimizer).param_groups
+    print("groups", [(g["name"], g["weight_decay"], g["lr"] == lr) for g in groups])
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_zero3_universal_load_keeps_each_param_groups_own_hyperparameters(tmp_path):
+    """DeepSpeed's ZeRO-3 universal load gives every param group group 0's hyperparameters (the no-decay group would
+    be decayed on another world size): each group keeps its own, and the lr the scheduler last set."""
+    out = subprocess.run([sys.executable, "-c", Z3_UNIVERSAL_CHILD], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    groups = eval(out.stdout.strip().splitlines()[-1].removeprefix("groups "))
+    assert groups == [("decay", 0.01, True), ("no_decay", 0.0, True)], groups
+    assert "ZeRO-3 on another world size" in out.stderr
