@@ -231,11 +231,11 @@ def test_the_demo_offers_to_serve_only_models_that_write(tmp_path):
 
     ext, abs_bad = export("ft", "extractive", "3"), export("abs", "abstractive", "2", ppl=612.0)
     lines = serve_lines([ext, abs_bad], "sqlite:////x/mlflow.db")
-    assert len(lines) == 2 and "serve:" in lines[0] and "-m models:/hibert-extractive/3" in lines[0]
+    assert len(lines) == 2 and "serve:" in lines[0] and "hibert serve models:/hibert-extractive/3" in lines[0]
     assert lines[1].startswith("  not served:   models:/hibert-abstractive/2: this model's decoder cannot write yet")
     abs_ok = export("abs2", "abstractive", "4", ppl=9.0)
     lines = serve_lines([ext, abs_ok], "sqlite:////x/mlflow.db")
-    assert ["-p 5001" in lines[0], "models:/hibert-abstractive/4" in lines[1], "-p 5002" in lines[1]] == [True] * 3
+    assert "--port 5001" in lines[0] and "models:/hibert-abstractive/4" in lines[1] and "--port 5002" in lines[1]
 
 
 def test_the_position_baseline_picks_the_training_oracles_most_frequent_positions():
