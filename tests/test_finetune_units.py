@@ -435,3 +435,22 @@ def test_a_capped_validation_scores_only_documents_it_saw_whole():
     assert rouge_of_selection(Chunks(), whole, 1, False, docs=[a, b])["rouge1_f"] == pytest.approx(50.0)
     with pytest.raises(UserError, match="eval_batches"):
         rouge_of_selection(Chunks(), {0: np.array([0.9, 0.1])}, 1, False, docs=[a, b])
+
+
+def test_the_extractive_encoder_takes_its_own_lr_scale_and_warmup():
+    """finetune.encoder_lr_scale and encoder_warmup_steps reach the extractive model's encoder (they were ignored:
+    the extractive task kept the one default group), the head stays at optimizer.lr."""
+    from hibert.config import Config
+    from hibert.finetune.extractive.task import ExtractiveTask
+
+    cfg = Config()
+    cfg.model.hidden, cfg.model.layers, cfg.model.heads, cfg.model.vocab_size = 16, 1, 2, 50
+    cfg.finetune.encoder_lr_scale, cfg.finetune.encoder_warmup_steps = 0.0, 7
+    task = ExtractiveTask(cfg, cfg.model)
+    model = task.build_model()
+    groups = {g.name: g for g in task.param_groups(model, cfg) if g.params}
+    enc = [g for n, g in groups.items() if n.startswith("encoder.")]
+    head = [g for n, g in groups.items() if n.startswith("head.")]
+    assert enc and head and all(g.lr_scale == 0.0 and g.warmup_steps == 7 for g in enc)
+    assert all(g.lr_scale == 1.0 and g.warmup_steps is None for g in head)
+    assert sum(len(g.params) for g in groups.values()) == len(list(model.parameters()))

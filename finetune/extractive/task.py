@@ -19,7 +19,7 @@ from hibert.config import Config
 from hibert.config.model import ModelConfig
 from hibert.data_prep import DocumentDataset
 from hibert.errors import UserError
-from hibert.finetune.base.task import EncoderHead
+from hibert.finetune.base.task import EncoderHead, encoder_and_head_groups
 from hibert.finetune.evaluation.report import documents
 from hibert.finetune.extractive.evaluate import rouge_of_selection, tune_selection
 from hibert.finetune.extractive.export import score_documents, sentence_scores
@@ -32,7 +32,7 @@ from hibert.finetune.extractive.settings import (
 )
 from hibert.modeling import HibertExtractive, flops_per_batch, pack_documents
 from hibert.modeling.packing import PackedDocuments, TensorBundle
-from hibert.runtime.task import EvalContext, LoaderItem, Task
+from hibert.runtime.task import EvalContext, LoaderItem, ParamGroup, Task
 
 
 @dataclass
@@ -52,6 +52,10 @@ class ExtractiveTask(EncoderHead, Task):
 
     def build_model(self) -> torch.nn.Module:
         return HibertExtractive(self.model_cfg)
+
+    def param_groups(self, model: torch.nn.Module, cfg: Config) -> list[ParamGroup]:
+        # finetune.encoder_lr_scale / encoder_warmup_steps reach the encoder (0: a frozen encoder, a linear probe)
+        return encoder_and_head_groups(model, cfg, "head.")
 
     def make_item(self, dataset, doc_indices: np.ndarray, epoch: int) -> LoaderItem:
         docs, labels = [], []
